@@ -1,0 +1,55 @@
+// Native objects owned by Python: a model, a context on it, a trainer on that context.
+// Each holds a shared_ptr to what it depends on, so the native frees run in dependency order
+// whatever order Python collects them in.
+#pragma once
+
+#include "errors.h"
+#include "llama.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace retro {
+
+struct Model {
+    llama_model * model = nullptr;
+    bool trainable = false;
+
+    ~Model() { close(); }
+    void close() {
+        if (model) {
+            llama_model_free(model);
+            model = nullptr;
+        }
+    }
+    llama_model * get() const {
+        if (!model) {
+            throw Error(ErrorKind::InvalidState, "the model is closed");
+        }
+        return model;
+    }
+};
+
+struct Context {
+    std::shared_ptr<Model> model;
+    llama_context * ctx = nullptr;
+    int32_t n_past = 0;        // tokens of sequence 0 in the KV cache
+    bool has_trainer = false;  // llama_opt_init holds the context until the trainer closes
+
+    ~Context() { close(); }
+    void close() {
+        if (ctx) {
+            llama_free(ctx);
+            ctx = nullptr;
+        }
+    }
+    llama_context * get() const {
+        if (!ctx) {
+            throw Error(ErrorKind::InvalidState, "the context is closed");
+        }
+        return ctx;
+    }
+};
+
+}  // namespace retro

@@ -1,0 +1,16 @@
+// ggml/llama log lines are queued here and drained into Python `logging` by the binding after each
+// call (never from inside a native call: a log from a worker thread must not wait for the GIL).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace retro {
+
+void install_log_sink();
+std::vector<std::pair<int, std::string>> drain_logs();
+std::vector<std::string> recent_errors();
+void clear_recent_errors();
+
+}  // namespace retro

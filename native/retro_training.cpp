@@ -1,0 +1,326 @@
+// The training loop of the reference binding. llama.cpp's fork runs one micro-batch per call and
+// reports a status; this file owns everything between micro-batches: the progress callback and
+// its cancellation, the accumulation period on the way out, the metrics and the typed errors.
+#include "retro_training.h"
+
+#include "ggml-backend.h"
+#include "logging.h"
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+namespace py = pybind11;
+
+namespace retro {
+namespace {
+
+struct ResultDeleter {
+    void operator()(ggml_opt_result * r) const { ggml_opt_result_free(r); }
+};
+using ResultPtr = std::unique_ptr<ggml_opt_result, ResultDeleter>;
+
+ErrorKind kind_of_status(int32_t status) {
+    switch (status) {
+        case LLAMA_OPT_STATUS_BATCH_INIT:     return ErrorKind::BatchInit;
+        case LLAMA_OPT_STATUS_MEMORY_INIT:    return ErrorKind::MemoryInit;
+        case LLAMA_OPT_STATUS_OUTPUT_RESERVE: return ErrorKind::OutputReserve;
+        case LLAMA_OPT_STATUS_GRAPH_BUILD:    return ErrorKind::GraphBuild;
+        case LLAMA_OPT_STATUS_ALLOC:          return ErrorKind::Allocation;
+        case LLAMA_OPT_STATUS_COMPUTE:        return ErrorKind::Compute;
+        case LLAMA_OPT_STATUS_POISONED:       return ErrorKind::Poisoned;
+        default:                              return ErrorKind::InvalidState;
+    }
+}
+
+const char * status_text(int32_t status) {
+    switch (status) {
+        case LLAMA_OPT_STATUS_INVALID:        return "the micro-batch was rejected as invalid";
+        case LLAMA_OPT_STATUS_BATCH_INIT:     return "batch initialization failed";
+        case LLAMA_OPT_STATUS_MEMORY_INIT:    return "memory initialization failed";
+        case LLAMA_OPT_STATUS_OUTPUT_RESERVE: return "output buffer reservation failed";
+        case LLAMA_OPT_STATUS_GRAPH_BUILD:    return "graph build failed";
+        case LLAMA_OPT_STATUS_ALLOC:          return "graph allocation failed";
+        case LLAMA_OPT_STATUS_COMPUTE:        return "backend compute failed; the trainer refuses every later call";
+        case LLAMA_OPT_STATUS_POISONED:       return "an earlier backend compute failed; recreate the trainer and restore a checkpoint";
+        default:                              return "unknown training status";
+    }
+}
+
+}  // namespace
+
+const ggml_tensor * find_model_tensor(const llama_model * model, const std::string & name) {
+    const int32_t n = llama_model_n_tensors(model);
+    for (int32_t i = 0; i < n; ++i) {
+        const ggml_tensor * t = llama_model_get_tensor(model, i);
+        if (t && name == ggml_get_name(t)) {
+            return t;
+        }
+    }
+    throw py::key_error("no tensor named '" + name + "' in the model");
+}
+
+py::array_t<float> tensor_to_numpy(const ggml_tensor * t) {
+    std::vector<py::ssize_t> shape;
+    for (int d = ggml_n_dims(t) - 1; d >= 0; --d) {
+        shape.push_back(t->ne[d]);
+    }
+    py::array_t<float> out(shape);
+    const int64_t n = ggml_nelements(t);
+    if (t->type == GGML_TYPE_F32) {
+        ggml_backend_tensor_get(t, out.mutable_data(), 0, ggml_nbytes(t));
+        return out;
+    }
+    const auto * traits = ggml_get_type_traits(t->type);
+    if (!traits->to_float || !ggml_is_contiguous(t)) {
+        throw py::type_error(std::string("cannot read a tensor of type ") + ggml_type_name(t->type) + " as float32");
+    }
+    std::vector<uint8_t> raw(ggml_nbytes(t));
+    ggml_backend_tensor_get(t, raw.data(), 0, raw.size());
+    traits->to_float(raw.data(), out.mutable_data(), n);
+    return out;
+}
+
+Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation)
+    : context_(std::move(context)), opt_(opt), accumulation_(accumulation) {
+    llama_context * lctx = context_->get();
+    if (context_->has_trainer) {
+        throw Error(ErrorKind::InvalidState, "the context already has a trainer; close that one first");
+    }
+    if (!context_->model->trainable) {
+        throw Error(ErrorKind::InvalidState, "the model was not loaded with trainable=True");
+    }
+    // llama_opt_init asserts these; the Python layer checks them first, this keeps asserts unreachable
+    const uint32_t n_ctx = llama_n_ctx(lctx);
+    const uint32_t n_batch = std::min(llama_n_batch(lctx), n_ctx);
+    const uint32_t n_ubatch = std::min(llama_n_ubatch(lctx), n_batch);
+    if (accumulation < 1 || n_ctx % n_batch != 0 || n_batch % n_ubatch != 0) {
+        throw std::invalid_argument("training needs n_ctx % n_batch == 0, n_batch % n_ubatch == 0, accumulation >= 1");
+    }
+    llama_opt_params params{};
+    params.n_ctx_train     = 0;
+    params.param_filter    = llama_opt_param_filter_all;
+    params.param_filter_ud = nullptr;
+    params.get_opt_pars    = &Trainer::optimizer_params;
+    params.get_opt_pars_ud = this;
+    params.optimizer_type  = opt_.type;
+    params.opt_period      = accumulation;
+    {
+        py::gil_scoped_release release;
+        llama_opt_init(lctx, context_->model->get(), params);
+    }
+    context_->has_trainer = true;
+}
+
+Trainer::~Trainer() {
+    close();
+}
+
+void Trainer::close() {
+    if (!context_) {
+        return;
+    }
+    if (context_->ctx) {
+        llama_opt_free(context_->ctx);
+    }
+    context_->has_trainer = false;
+    context_.reset();
+}
+
+llama_context * Trainer::ctx() const {
+    if (!context_) {
+        throw Error(ErrorKind::InvalidState, "the trainer is closed");
+    }
+    return context_->get();
+}
+
+ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
+    const auto * t = static_cast<const Trainer *>(self);
+    ggml_opt_optimizer_params p = ggml_opt_get_default_optimizer_params(nullptr);
+    p.adamw.alpha = t->opt_.lr;
+    p.adamw.beta1 = t->opt_.beta1;
+    p.adamw.beta2 = t->opt_.beta2;
+    p.adamw.eps   = t->opt_.eps;
+    p.adamw.wd    = t->opt_.wd;
+    p.sgd.alpha   = t->opt_.lr;
+    p.sgd.wd      = t->opt_.wd;
+    return p;
+}
+
+int64_t Trainer::iteration() {
+    return ggml_opt_get_iter(llama_opt_get_context(ctx()));
+}
+
+int32_t Trainer::period_position() {
+    return ggml_opt_period_pos(llama_opt_get_context(ctx()));
+}
+
+bool Trainer::poisoned() {
+    return ggml_opt_backend_failed(llama_opt_get_context(ctx()));
+}
+
+py::object Trainer::moment(const std::string & name, int which) {
+    llama_context * lctx = ctx();
+    const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
+    const ggml_tensor * m = ggml_opt_param_moment(llama_opt_get_context(lctx), t, which);
+    if (!m) {
+        return py::none();
+    }
+    return tensor_to_numpy(m);
+}
+
+EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
+                            py::array_t<int32_t, py::array::c_style> labels,
+                            int64_t n_train, py::object progress) {
+    llama_context * lctx = ctx();
+    ggml_opt_context_t opt = llama_opt_get_context(lctx);
+    const int64_t n_ctx    = llama_n_ctx(lctx);
+    const int64_t n_ubatch = std::min<int64_t>(llama_n_ubatch(lctx), std::min<int64_t>(llama_n_batch(lctx), n_ctx));
+
+    // the Python layer validates and explains; these checks only keep the native loop memory-safe
+    if (tokens.ndim() != 2 || labels.ndim() != 2 || tokens.shape(0) != labels.shape(0) ||
+            tokens.shape(1) != labels.shape(1)) {
+        throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
+    }
+    const int64_t n_windows = tokens.shape(0);
+    const int64_t width     = tokens.shape(1);
+    if (width <= 0 || width > n_ctx || width % n_ubatch != 0 || n_train < 0 || n_train > n_windows) {
+        throw std::invalid_argument("window width must be a multiple of n_ubatch no larger than n_ctx");
+    }
+    if (ggml_opt_backend_failed(opt)) {
+        throw Error(ErrorKind::Poisoned, status_text(LLAMA_OPT_STATUS_POISONED));
+    }
+
+    const int32_t * tok = tokens.data();
+    const int32_t * lab = labels.data();
+    const int64_t per_window = width / n_ubatch;
+    ResultPtr result_train(ggml_opt_result_init());
+    ResultPtr result_eval(ggml_opt_result_init());
+
+    EpochMetrics m;
+    const int64_t iter0 = ggml_opt_get_iter(opt);
+    int32_t failed_status = LLAMA_OPT_STATUS_OK;
+    std::optional<py::error_already_set> callback_error;
+    bool stopped = false;
+    const auto t0 = std::chrono::steady_clock::now();
+
+    clear_recent_errors();
+    llama_opt_clear_stop(lctx);
+    {
+        py::gil_scoped_release release;
+        for (int phase = 0; phase < 2 && !stopped && failed_status == LLAMA_OPT_STATUS_OK; ++phase) {
+            const bool train = phase == 0;
+            const int64_t w_begin = train ? 0 : n_train;
+            const int64_t w_end   = train ? n_train : n_windows;
+            const int64_t total   = (w_end - w_begin) * per_window;
+            int64_t done = 0;
+            ggml_opt_result_t result = train ? result_train.get() : result_eval.get();
+            for (int64_t w = w_begin; w < w_end && !stopped; ++w) {
+                for (int64_t k = 0; k < per_window; ++k) {
+                    const int64_t off = w * width + k * n_ubatch;
+                    const int32_t status = llama_opt_micro_batch(lctx, tok + off, lab + off, (int32_t) n_ubatch,
+                                                                 (llama_pos) (k * n_ubatch), train, result);
+                    if (status != LLAMA_OPT_STATUS_OK) {
+                        failed_status = status;
+                        stopped = true;
+                        break;
+                    }
+                    ++done;
+                    (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
+                    // every label of a token window is real: no padding is sent to compute
+                    m.logical_tokens  += n_ubatch;
+                    m.physical_tokens += n_ubatch;
+                    if (!progress.is_none()) {
+                        py::gil_scoped_acquire acquire;
+                        try {
+                            py::object r = progress(train, done, total);
+                            if (r.is(py::bool_(false))) {
+                                llama_opt_request_stop(lctx);
+                            }
+                        } catch (py::error_already_set & err) {
+                            callback_error.emplace(std::move(err));
+                            llama_opt_request_stop(lctx);
+                        }
+                    }
+                    // the stop request is checked after each micro-batch callback, before the next compute
+                    if (llama_opt_stop_requested(lctx)) {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if (stopped && !ggml_opt_backend_failed(opt)) {
+        // an incomplete accumulation period must not reach a later call
+        ggml_opt_discard_period(opt);
+    }
+    llama_opt_clear_stop(lctx);
+    // training windows leave their tokens in the KV cache: the next decode starts a fresh sequence
+    llama_memory_clear(llama_get_memory(lctx), true);
+    context_->n_past = 0;
+
+    if (callback_error) {
+        throw std::move(*callback_error);
+    }
+    if (failed_status != LLAMA_OPT_STATUS_OK) {
+        throw Error(kind_of_status(failed_status), with_diagnostic(status_text(failed_status)));
+    }
+
+    m.epoch_complete  = !stopped;
+    m.optimizer_steps = ggml_opt_get_iter(opt) - iter0;
+    ggml_opt_result_loss(result_train.get(), &m.train_loss, &m.train_loss_unc);
+    ggml_opt_result_accuracy(result_train.get(), &m.train_accuracy, nullptr);
+    m.has_eval = m.eval_micro_batches > 0;
+    if (m.has_eval) {
+        ggml_opt_result_loss(result_eval.get(), &m.eval_loss, &m.eval_loss_unc);
+        ggml_opt_result_accuracy(result_eval.get(), &m.eval_accuracy, nullptr);
+    }
+    m.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return m;
+}
+
+void bind_training(py::module_ & m) {
+    py::enum_<ggml_opt_optimizer_type>(m, "OptimizerType")
+        .value("ADAMW", GGML_OPT_OPTIMIZER_TYPE_ADAMW)
+        .value("SGD", GGML_OPT_OPTIMIZER_TYPE_SGD);
+
+    py::class_<OptimizerSettings>(m, "OptimizerSettings")
+        .def(py::init<>())
+        .def_readwrite("type", &OptimizerSettings::type)
+        .def_readwrite("lr", &OptimizerSettings::lr)
+        .def_readwrite("beta1", &OptimizerSettings::beta1)
+        .def_readwrite("beta2", &OptimizerSettings::beta2)
+        .def_readwrite("eps", &OptimizerSettings::eps)
+        .def_readwrite("wd", &OptimizerSettings::wd);
+
+    py::class_<EpochMetrics>(m, "EpochMetrics")
+        .def_readonly("train_loss", &EpochMetrics::train_loss)
+        .def_readonly("train_loss_unc", &EpochMetrics::train_loss_unc)
+        .def_readonly("train_accuracy", &EpochMetrics::train_accuracy)
+        .def_readonly("eval_loss", &EpochMetrics::eval_loss)
+        .def_readonly("eval_loss_unc", &EpochMetrics::eval_loss_unc)
+        .def_readonly("eval_accuracy", &EpochMetrics::eval_accuracy)
+        .def_readonly("has_eval", &EpochMetrics::has_eval)
+        .def_readonly("train_micro_batches", &EpochMetrics::train_micro_batches)
+        .def_readonly("eval_micro_batches", &EpochMetrics::eval_micro_batches)
+        .def_readonly("optimizer_steps", &EpochMetrics::optimizer_steps)
+        .def_readonly("logical_tokens", &EpochMetrics::logical_tokens)
+        .def_readonly("physical_tokens", &EpochMetrics::physical_tokens)
+        .def_readonly("epoch_complete", &EpochMetrics::epoch_complete)
+        .def_readonly("elapsed_s", &EpochMetrics::elapsed_s);
+
+    py::class_<Trainer>(m, "Trainer")
+        .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(),
+             py::arg("context"), py::arg("optimizer"), py::arg("accumulation"))
+        .def("epoch", &Trainer::epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"))
+        .def("close", &Trainer::close)
+        .def_property_readonly("closed", &Trainer::closed)
+        .def_property_readonly("iteration", &Trainer::iteration)
+        .def_property_readonly("period_position", &Trainer::period_position)
+        .def_property_readonly("poisoned", &Trainer::poisoned)
+        .def("set_lr", &Trainer::set_lr)
+        .def("moment", &Trainer::moment, py::arg("name"), py::arg("which"));
+}
+
+}  // namespace retro

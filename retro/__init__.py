@@ -1,0 +1,29 @@
+"""retro: the reference binding over the patched llama.cpp that the conformance suite certifies."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from . import _native
+from ._native_logs import recent_errors
+from .context import Context
+from .datasets import TokenDataset
+from .devices import Device, devices
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors
+from .model import Model
+from .training import SGD, AdamW, EpochMetrics, Progress, Trainer
+
+__version__ = "0.1.0"
+
+
+@cache
+def build_info() -> dict[str, Any]:
+    """The llama.cpp pin, the patch series (and its sha256) and the backends of this build."""
+    return json.loads(_native.build_info())
+
+
+__all__ = ["AdamW", "Context", "Device", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
+           "build_info", "devices", "recent_errors", *_errors]

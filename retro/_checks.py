@@ -1,0 +1,60 @@
+"""Argument checks shared by the public API: every value is validated here, in Python, before any
+native state changes. Values that cross signed native counters are bounded explicitly."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
+    """An int in [minimum, maximum]; beyond a native counter's range is an OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    v = int(value)
+    if v > maximum:
+        raise OverflowError(f"{name}={v} exceeds the native limit {maximum}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def real(name: str, value: object, *, low: float, high: float, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"{name} must be finite and in {bound}, got {value}")
+    return v
+
+
+def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndarray:
+    """A C-contiguous int32 array of token ids in [0, n_vocab); never a silent narrowing cast."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, not {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= n_vocab:
+        raise ValueError(f"{name} holds ids outside [0, {n_vocab}): min {lo}, max {hi}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def default_threads() -> int:
+    """Threads per context: RETRO_THREADS, else the cores shared out among pytest-xdist workers.
+    More ggml threads than free cores makes ggml many times slower, never faster."""
+    if os.environ.get("RETRO_THREADS"):
+        return integer("RETRO_THREADS", int(os.environ["RETRO_THREADS"]), minimum=1, maximum=512)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, min(cores // max(workers, 1), 16))

@@ -1,0 +1,203 @@
+"""Training through the native loop (native/retro_training.cpp)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _checks, _native
+from ._native_logs import forwarding
+from .context import Context
+from .datasets import TokenDataset
+
+
+@dataclass(frozen=True)
+class AdamW:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def _settings(self) -> _native.OptimizerSettings:
+        s = _native.OptimizerSettings()
+        s.type = _native.OptimizerType.ADAMW
+        s.lr = _checks.real("lr", self.lr, low=0.0, high=math.inf, low_open=True)
+        s.beta1 = _checks.real("beta1", self.beta1, low=0.0, high=1.0)
+        s.beta2 = _checks.real("beta2", self.beta2, low=0.0, high=1.0)
+        s.eps = _checks.real("eps", self.eps, low=0.0, high=math.inf)
+        s.wd = _checks.real("weight_decay", self.weight_decay, low=0.0, high=1.0)
+        return s
+
+
+@dataclass(frozen=True)
+class SGD:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+    def _settings(self) -> _native.OptimizerSettings:
+        s = _native.OptimizerSettings()
+        s.type = _native.OptimizerType.SGD
+        s.lr = _checks.real("lr", self.lr, low=0.0, high=math.inf, low_open=True)
+        s.wd = _checks.real("weight_decay", self.weight_decay, low=0.0, high=1.0)
+        return s
+
+
+class Progress(NamedTuple):
+    train: bool  # False during the evaluation tail
+    done: int    # micro-batches of this phase completed, the current one included
+    total: int   # micro-batches of this phase
+
+
+ProgressCallback = Callable[[Progress], "bool | None"]
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    """What one epoch call executed. Losses are per token; eval values are None without an
+    evaluation tail (none requested, or skipped by cancellation)."""
+
+    train_loss: float
+    train_loss_unc: float
+    train_accuracy: float
+    eval_loss: float | None
+    eval_loss_unc: float | None
+    eval_accuracy: float | None
+    train_micro_batches: int
+    eval_micro_batches: int
+    optimizer_steps: int
+    logical_tokens: int   # tokens with a real label
+    physical_tokens: int  # tokens sent to compute, padding included
+    epoch_complete: bool
+    elapsed_s: float
+
+    @property
+    def micro_batches(self) -> int:
+        return self.train_micro_batches + self.eval_micro_batches
+
+
+class Trainer:
+    """Trains every trainable weight of a context's model (see :class:`retro.Model` for the
+    limits of the pinned llama.cpp). ``accumulation`` micro-batches of ``n_ubatch`` tokens make one
+    optimizer step. One trainer per context at a time; close it to create another."""
+
+    def __init__(self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1) -> None:
+        if not isinstance(context, Context):
+            raise TypeError("context must be a retro.Context")
+        optimizer = AdamW() if optimizer is None else optimizer
+        if not isinstance(optimizer, (AdamW, SGD)):
+            raise TypeError("optimizer must be retro.AdamW or retro.SGD")
+        settings = optimizer._settings()
+        accumulation = _checks.integer("accumulation", accumulation, minimum=1)
+        if context.closed:
+            raise ValueError("the context is closed")
+        if not context.model.trainable:
+            raise ValueError("the model was loaded read-only; load it with trainable=True to train")
+        n_ctx, n_batch, n_ubatch = context.n_ctx, context.n_batch, context.n_ubatch
+        if n_ctx % min(n_batch, n_ctx) or min(n_batch, n_ctx) % min(n_ubatch, n_batch):
+            raise ValueError(f"training needs n_ctx ({n_ctx}) divisible by n_batch ({n_batch}) and n_batch "
+                             f"divisible by n_ubatch ({n_ubatch})")
+        self.context = context
+        self.optimizer = optimizer
+        self.accumulation = accumulation
+        self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def iteration(self) -> int:
+        """The optimizer iteration cursor: 1 + optimizer steps applied."""
+        return int(self._h.iteration)
+
+    @property
+    def period_position(self) -> int:
+        """Micro-batches accumulated since the last optimizer step."""
+        return int(self._h.period_position)
+
+    @property
+    def poisoned(self) -> bool:
+        """True once a backend compute failed: every later call raises PoisonedTrainerError."""
+        return bool(self._h.poisoned)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._h.closed)
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return self.context.model.parameters()
+
+    @forwarding
+    def moments(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The AdamW first and second moments of a weight, or None (SGD, or before the first step)."""
+        if not isinstance(name, str):
+            raise TypeError("name must be a str")
+        m, v = self._h.moment(name, 0), self._h.moment(name, 1)
+        return None if m is None or v is None else (m, v)
+
+    # -- training -----------------------------------------------------------------------------
+    def _split(self, dataset: TokenDataset, val_fraction: float) -> int:
+        if not isinstance(dataset, TokenDataset):
+            raise TypeError("dataset must be a retro.TokenDataset")
+        frac = _checks.real("val_fraction", val_fraction, low=0.0, high=1.0)
+        if frac >= 1.0:
+            raise ValueError("val_fraction must be < 1")
+        n_ctx, n_ubatch = self.context.n_ctx, min(self.context.n_ubatch, self.context.n_batch, self.context.n_ctx)
+        width = dataset.width
+        if width > n_ctx or width % n_ubatch:
+            raise ValueError(f"window width {width} must be a multiple of n_ubatch ({n_ubatch}) and at most n_ctx ({n_ctx})")
+        if n_ubatch == n_ctx and width != n_ctx:
+            raise ValueError(f"with n_ubatch == n_ctx every window must hold exactly n_ctx ({n_ctx}) tokens")
+        n_vocab = self.context.model.n_vocab
+        _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
+        _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
+        _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
+        return dataset.n_windows - int(math.ceil(dataset.n_windows * frac)) if frac else dataset.n_windows
+
+    @forwarding
+    def epoch(self, dataset: TokenDataset, *, val_fraction: float = 0.0,
+              progress: ProgressCallback | None = None) -> EpochMetrics:
+        """Train on the front of the dataset and evaluate on its last ``val_fraction``.
+
+        ``progress`` is called after every micro-batch with a :class:`Progress`; returning False
+        cancels: the finished micro-batch stays applied, an incomplete accumulation period is
+        discarded, the rest (evaluation included) is skipped and the metrics say
+        ``epoch_complete=False``. An exception raised by ``progress`` cancels the same way and is
+        re-raised here."""
+        n_train = self._split(dataset, val_fraction)
+        if progress is not None and not callable(progress):
+            raise TypeError("progress must be callable")
+        native_progress = None if progress is None else _wrap_progress(progress)
+        m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress)
+        return EpochMetrics(
+            train_loss=m.train_loss, train_loss_unc=m.train_loss_unc, train_accuracy=m.train_accuracy,
+            eval_loss=m.eval_loss if m.has_eval else None,
+            eval_loss_unc=m.eval_loss_unc if m.has_eval else None,
+            eval_accuracy=m.eval_accuracy if m.has_eval else None,
+            train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
+            optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
+            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s)
+
+    def close(self) -> None:
+        """Free the optimizer state; the context can take a new trainer."""
+        self._h.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _wrap_progress(progress: ProgressCallback) -> Callable[[bool, int, int], bool]:
+    def call(train: bool, done: int, total: int) -> bool:
+        r = progress(Progress(train, done, total))
+        if r is None:
+            return True
+        if not isinstance(r, bool):
+            raise TypeError(f"the progress callback must return a bool or None, not {type(r).__name__}")
+        return r
+
+    return call

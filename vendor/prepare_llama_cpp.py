@@ -1,0 +1,184 @@
+"""Get the pinned llama.cpp sources, keep only what libllama + ggml need, apply our patches.
+
+Run by CMake at configure time. The pin is the llama.cpp tree vendored in the llama-cpp-python
+sdist named below; pip fetches it (no registry address is written here), the sha256 is checked,
+and the sdist is cached outside the build folder so that rebuilds never download again.
+A local tree (RETRO_LLAMA_CPP_DIR) replaces the sdist; it is copied, never modified.
+
+The prepared tree carries a stamp of everything that shaped it (source, patch series, backends):
+an unchanged stamp leaves the tree and its file times alone, so incremental builds stay incremental.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+UPSTREAM_COMMIT = "0c1e57098"
+TREE_IN_SDIST = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+
+# What the libraries need, relative to the llama.cpp root. ggml/src holds the core sources at its
+# top level and one folder per backend: only the enabled backends' folders are kept.
+KEEP_DIRS = ("cmake/", "include/", "src/", "ggml/cmake/", "ggml/include/")
+KEEP_FILES = ("CMakeLists.txt", "LICENSE", "ggml/CMakeLists.txt")
+BACKEND_DIRS = {"cpu": "ggml/src/ggml-cpu/", "cuda": "ggml/src/ggml-cuda/", "vulkan": "ggml/src/ggml-vulkan/"}
+
+
+class PrepareError(RuntimeError):
+    pass
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def patch_series(patch_dir: Path, exclude: set[str]) -> list[Path]:
+    patches = sorted(p for p in patch_dir.glob("*.patch") if p.name.split("-", 1)[0] not in exclude)
+    return patches
+
+
+def series_hash(patches: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for p in patches:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("RETRO_CACHE_DIR"):
+        return Path(os.environ["RETRO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "retro"
+
+
+def fetch_sdist(cache_dir: Path) -> Path:
+    cached = cache_dir / SDIST_FILE
+    if cached.is_file() and sha256_of(cached) == SDIST_SHA256:
+        return cached
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        # --no-build-isolation: preparing the sdist's metadata needs only scikit-build-core, which
+        # the build environment has; isolation would install (or compile) its build tools again.
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+               "--no-binary", SDIST_NAME, "--disable-pip-version-check", "-d", tmp,
+               f"{SDIST_NAME}=={SDIST_VERSION}"]
+        print("retro: fetching the pinned llama.cpp sources:", " ".join(cmd[2:]), flush=True)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        got = Path(tmp) / SDIST_FILE
+        if done.returncode != 0 or not got.is_file():
+            raise PrepareError(f"pip could not fetch {SDIST_NAME}=={SDIST_VERSION}:\n{done.stdout}")
+        actual = sha256_of(got)
+        if actual != SDIST_SHA256:
+            raise PrepareError(f"{SDIST_FILE}: sha256 {actual} does not match the pin {SDIST_SHA256}")
+        os.replace(got, cached)
+    return cached
+
+
+def wanted(rel: str, backends: list[str]) -> bool:
+    if rel in KEEP_FILES or rel.startswith(KEEP_DIRS):
+        return True
+    if rel.startswith("ggml/src/"):
+        rest = rel[len("ggml/src/"):]
+        if "/" not in rest:
+            return True
+        return any(rel.startswith(BACKEND_DIRS[b]) for b in backends)
+    return False
+
+
+def extract_sdist(sdist: Path, dest: Path, backends: list[str]) -> None:
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = []
+        for m in tar.getmembers():
+            if not m.name.startswith(TREE_IN_SDIST) or not (m.isfile() or m.isdir()):
+                continue
+            rel = m.name[len(TREE_IN_SDIST):]
+            if rel and wanted(rel, backends):
+                m.name = rel
+                members.append(m)
+        tar.extractall(dest, members=members, filter="data")
+
+
+def copy_local(tree: Path, dest: Path, backends: list[str]) -> None:
+    if not (tree / "src" / "llama-context.cpp").is_file():
+        raise PrepareError(f"{tree} is not a llama.cpp tree (no src/llama-context.cpp)")
+    for path in sorted(tree.rglob("*")):
+        rel = path.relative_to(tree).as_posix()
+        if path.is_file() and not rel.startswith(".git") and wanted(rel, backends):
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+def apply_patches(tree: Path, patches: list[Path]) -> None:
+    for p in patches:
+        done = subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(p)],
+                              cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise PrepareError(f"patch {p.name} does not apply to the llama.cpp tree:\n{done.stdout}\n"
+                               "The patch series must match the pinned upstream commit " + UPSTREAM_COMMIT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dest", type=Path, required=True, help="folder for the prepared tree")
+    ap.add_argument("--patches", type=Path, required=True, help="folder with NNNN-*.patch")
+    ap.add_argument("--backends", default="cpu", help="comma-separated: cpu,cuda,vulkan")
+    ap.add_argument("--local-tree", type=Path, default=None, help="an upstream tree to use instead of the sdist")
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--exclude-patches", default="", help="comma-separated patch numbers to leave out")
+    ap.add_argument("--info", type=Path, default=None, help="write the pin and series hash as JSON here")
+    args = ap.parse_args(argv)
+
+    backends = sorted({b.strip().lower() for b in args.backends.split(",") if b.strip()} | {"cpu"})
+    unknown = [b for b in backends if b not in BACKEND_DIRS]
+    if unknown:
+        raise PrepareError(f"unknown backend(s) {unknown}; known: {sorted(BACKEND_DIRS)}")
+    exclude = {e.strip() for e in args.exclude_patches.split(",") if e.strip()}
+    patches = patch_series(args.patches, exclude)
+    source = f"local:{args.local_tree.resolve()}" if args.local_tree else f"sdist:{SDIST_SHA256}"
+    stamp = {"source": source, "series": series_hash(patches), "backends": backends,
+             "patches": [p.name for p in patches]}
+
+    stamp_file = args.dest / ".retro-stamp.json"
+    if not (stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp):
+        if args.dest.exists():
+            shutil.rmtree(args.dest)
+        args.dest.mkdir(parents=True)
+        if args.local_tree:
+            copy_local(args.local_tree, args.dest, backends)
+        else:
+            extract_sdist(fetch_sdist(args.cache_dir or default_cache_dir()), args.dest, backends)
+        apply_patches(args.dest, patches)
+        stamp_file.write_text(json.dumps(stamp, indent=1))
+        print(f"retro: prepared llama.cpp ({source}) with {len(patches)} patches in {args.dest}", flush=True)
+
+    if args.info:
+        info = {"llama_cpp_commit": UPSTREAM_COMMIT, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
+                "sdist_sha256": SDIST_SHA256, "source": source, "patch_series_sha256": stamp["series"],
+                "patches": stamp["patches"], "backends": backends}
+        args.info.write_text(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except PrepareError as err:
+        print(f"retro: {err}", file=sys.stderr)
+        sys.exit(1)
