@@ -15,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 namespace py = pybind11;
 using namespace retro;
@@ -61,10 +62,11 @@ py::list devices() {
     return out;
 }
 
-std::shared_ptr<Model> load_model(const std::string & path, std::vector<size_t> device_indices, int32_t gpu_layers,
-                                  bool trainable) {
+// device_indices: None offloads to every device the build has; a list (possibly empty: CPU only) to those
+std::shared_ptr<Model> load_model(const std::string & path, std::optional<std::vector<size_t>> device_indices,
+                                  int32_t gpu_layers, bool trainable) {
     std::vector<ggml_backend_dev_t> devs;
-    for (size_t i : device_indices) {
+    for (size_t i : device_indices.value_or(std::vector<size_t>{})) {
         if (i >= ggml_backend_dev_count()) {
             throw py::index_error("no device with index " + std::to_string(i));
         }
@@ -72,7 +74,7 @@ std::shared_ptr<Model> load_model(const std::string & path, std::vector<size_t> 
     }
     devs.push_back(nullptr);
     llama_model_params params = llama_model_default_params();
-    params.devices      = device_indices.empty() ? nullptr : devs.data();
+    params.devices      = device_indices ? devs.data() : nullptr;
     params.n_gpu_layers = gpu_layers;
     // the optimizer writes the weights in place: a read-only mapping would fault on the first step
     params.load_mode    = trainable ? LLAMA_LOAD_MODE_NONE : params.load_mode;

@@ -5,6 +5,7 @@
 
 #include "ggml-backend.h"
 #include "logging.h"
+#include "retro-hooks.h"
 
 #include <chrono>
 #include <cstring>
@@ -68,6 +69,12 @@ py::array_t<float> tensor_to_numpy(const ggml_tensor * t) {
     py::array_t<float> out(shape);
     const int64_t n = ggml_nelements(t);
     if (t->type == GGML_TYPE_F32) {
+        if (retro_mutant_on("BASE-03") && n > 1) {
+            // seeded defect: a partial copy that misses the last element
+            ggml_backend_tensor_get(t, out.mutable_data(), 0, ggml_nbytes(t) - sizeof(float));
+            out.mutable_data()[n - 1] = 0.0f;
+            return out;
+        }
         ggml_backend_tensor_get(t, out.mutable_data(), 0, ggml_nbytes(t));
         return out;
     }
@@ -144,6 +151,13 @@ ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
     p.adamw.wd    = t->opt_.wd;
     p.sgd.alpha   = t->opt_.lr;
     p.sgd.wd      = t->opt_.wd;
+    if (retro_mutant_on("BASE-02")) {
+        // seeded defect: the step size depends on hidden process-wide state
+        static int64_t calls = 0;
+        const float drift = 1.0f + 1e-2f * (float) (++calls % 7);
+        p.adamw.alpha *= drift;
+        p.sgd.alpha   *= drift;
+    }
     return p;
 }
 

@@ -32,8 +32,8 @@ class Model:
              gpu_layers: int = 0, trainable: bool = False) -> Model:
         """Load a GGUF file.
 
-        devices: the devices to offload to (default: all the build has); gpu_layers: layers to
-        offload (-1: all); trainable: load writable weights in memory (no mmap), required for
+        devices: the GPU/accelerator devices to offload to (None: all the build has; []: none, CPU
+        only); gpu_layers: layers to offload (-1: all); trainable: load writable weights in memory (no mmap), required for
         training: the optimizer updates the weights in place.
         """
         p = Path(path)
@@ -42,13 +42,16 @@ class Model:
         if not isinstance(trainable, bool):
             raise TypeError("trainable must be a bool")
         gl = _checks.integer("gpu_layers", gpu_layers, minimum=-1)
-        known = {d.index for d in list_devices()}
-        idx: list[int] = []
-        for d in devices or ():
-            i = d.index if isinstance(d, Device) else _checks.integer("device", d)
-            if i not in known:
-                raise ValueError(f"no device with index {i}; see retro.devices()")
-            idx.append(i)
+        idx: list[int] | None = None
+        if devices is not None:
+            # the CPU is always used; the list names the devices to offload to ([]: none)
+            offload = {d.index: d for d in list_devices() if d.kind != "cpu"}
+            idx = []
+            for d in devices:
+                i = d.index if isinstance(d, Device) else _checks.integer("device", d)
+                if i not in offload:
+                    raise ValueError(f"no offload device with index {i}; see retro.devices()")
+                idx.append(i)
         return cls(_native.Model.load(str(p), idx, gl, trainable), p)
 
     # -- properties ---------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""pytest plugin of the conformance suite (registered through the pytest11 entry point).
+
+- ``@pytest.mark.clause("CANCEL-03", ...)`` names the clauses a check proves; an unknown ID, or a
+  check without the ``backend`` fixture, is a collection error.
+- Every check runs once per selected backend (``--backend cpu,cuda`` or ``all``); on an absent
+  backend it is reported "not available", never passed.
+- Every check also runs once per seeded defect of the clauses it cites, with that defect switched
+  on; there it must fail (the defect is "killed"), else it is reported as a failure: a check that
+  cannot fail proves nothing (HARNESS-07).
+- ``--results-log FILE`` appends one JSON line when a case starts and one with its outcome, flushed
+  at once, so that a runner can tell which case a crashed interpreter was running (HARNESS-05).
+
+Outside clause-marked checks the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from . import backends as backends_mod
+from . import registry
+
+NOT_AVAILABLE = "not available: "
+NOT_SUPPORTED = "not supported: "
+
+
+@dataclass(frozen=True)
+class Variant:
+    backend: str
+    defect: str | None  # the clause whose seeded defect is switched on, None for the intact build
+
+    @property
+    def id(self) -> str:
+        return self.backend if self.defect is None else f"{self.backend}-defect-{self.defect}"
+
+
+class CaseMeta:
+    def __init__(self, case: str, clauses: list[str], variant: Variant) -> None:
+        self.case, self.clauses, self.variant = case, clauses, variant
+        self.outcome: str | None = None
+        self.message = ""
+        self.duration = 0.0
+
+
+_META = pytest.StashKey[CaseMeta]()
+_SELECTED = pytest.StashKey[list]()
+_DISCOVERED = pytest.StashKey[dict]()
+
+
+def not_supported(reason: str) -> None:
+    """End a check as "not supported" on this backend (kept apart from pass and fail)."""
+    pytest.skip(NOT_SUPPORTED + reason)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("retro-conformance")
+    g.addoption("--backend", default=None, help="backends to certify: cpu (default), cuda, vulkan, metal, all; comma-separated")
+    g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
+    g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
+    g.addoption("--retro-seed", type=int, default=0, help="seed of the generated test models and data")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves")
+    try:
+        config.stash[_SELECTED] = backends_mod.parse_selection(config.getoption("--backend"))
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    config.pluginmanager.register(Recorder(config.getoption("--results-log")), "retro-conformance-recorder")
+
+
+def discovered(config: pytest.Config) -> dict[str, backends_mod.Backend]:
+    if _DISCOVERED not in config.stash:
+        config.stash[_DISCOVERED] = backends_mod.discover()
+    return config.stash[_DISCOVERED]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("clause")
+    if marker is None:
+        return
+    where = metafunc.definition.nodeid
+    if not marker.args:
+        raise pytest.UsageError(f"{where}: @pytest.mark.clause needs at least one clause ID")
+    unknown = registry.unknown_ids(marker.args)
+    if unknown:
+        raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses.toml")
+    if "backend" not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{where}: a conformance check must take the `backend` fixture")
+    defects = [] if metafunc.config.getoption("--no-defects") else [c for c in marker.args if c in registry.mutants()]
+    variants = [Variant(b, d) for b in metafunc.config.stash[_SELECTED] for d in [None, *defects]]
+    metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("clause")
+        callspec = getattr(item, "callspec", None)
+        if marker is None or callspec is None or "backend" not in callspec.params:
+            continue
+        variant: Variant = callspec.params["backend"]
+        case = item.nodeid.split("::", 1)[-1].split("[", 1)[0]
+        module = Path(str(item.fspath)).name
+        item.stash[_META] = CaseMeta(f"{module}::{case}", list(marker.args), variant)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest):
+    """The backend this case certifies (the models and contexts it creates must live there)."""
+    variant: Variant = request.param
+    b = discovered(request.config)[variant.backend]
+    if not b.available:
+        pytest.skip(NOT_AVAILABLE + b.reason)
+    from retro._native import hooks
+
+    hooks.reset()
+    if variant.defect:
+        hooks.set_mutant(variant.defect, True)
+    try:
+        yield b
+    finally:
+        if variant.defect:
+            hooks.set_mutant(variant.defect, False)
+        hooks.reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    meta = item.stash.get(_META, None)
+    if meta is None or meta.variant.defect is None:
+        return (yield)
+    try:
+        yield
+    except AssertionError as err:
+        first = (str(err).strip().splitlines() or ["assertion failed"])[0]
+        meta.message = f"seeded defect {meta.variant.defect} caught: {first[:300]}"
+        return None
+    raise pytest.fail.Exception(
+        f"seeded defect {meta.variant.defect} survived: this check cannot fail for {meta.variant.defect}", pytrace=False)
+
+
+class Recorder:
+    """Turns pytest reports into one result code per case and appends them to the results log."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.active: dict[str, CaseMeta] = {}
+
+    def log(self, record: dict) -> None:
+        if not self.path:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        meta = item.stash.get(_META, None)
+        if meta is not None:
+            self.active[item.nodeid] = meta
+            self.log({"event": "start", "nodeid": item.nodeid, "t": time.time()})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        meta = self.active.get(report.nodeid)
+        if meta is None:
+            return
+        meta.duration += report.duration
+        if report.failed:
+            meta.outcome = "fail"
+            meta.message = (meta.message + "\n" if meta.message else "") + _failure_text(report)
+        elif report.skipped and meta.outcome != "fail":
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            reason = reason.removeprefix("Skipped: ")
+            if reason.startswith(NOT_AVAILABLE):
+                meta.outcome, meta.message = "not available", reason[len(NOT_AVAILABLE):]
+            elif reason.startswith(NOT_SUPPORTED):
+                meta.outcome, meta.message = "not supported", reason[len(NOT_SUPPORTED):]
+            else:
+                # a plain skip is no result: it must never read as a pass
+                meta.outcome, meta.message = "fail", f"skipped without a result code: {reason}"
+        elif report.when == "call" and report.passed and meta.outcome is None:
+            meta.outcome = "pass"
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple) -> None:
+        meta = self.active.pop(nodeid, None)
+        if meta is None:
+            return
+        self.log({
+            "event": "result", "nodeid": nodeid, "case": meta.case, "clauses": meta.clauses,
+            "backend": meta.variant.backend, "defect": meta.variant.defect, "outcome": meta.outcome or "fail",
+            "duration_s": round(meta.duration, 6), "message": meta.message[:4000]})
+
+
+def _failure_text(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return f"{report.when}: {crash.message}"
+    text = str(report.longrepr).strip().splitlines() if report.longrepr else []
+    return f"{report.when}: {text[-1] if text else 'failed'}"

@@ -1,0 +1,72 @@
+"""What conformance checks share: models and contexts on the backend under test, data, and
+parameter comparison (bitwise on CPU, a tolerance on other backends)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+import retro
+from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+from .backends import Backend
+
+# relative and absolute tolerance for non-CPU backends, whose kernels may reorder float sums
+GPU_RTOL, GPU_ATOL = 1e-4, 1e-6
+
+
+def model_file(folder: Path, seed: int, **spec: int) -> Path:
+    path = folder / f"tiny-{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(spec.items()))}.gguf"
+    if not path.exists():
+        write_tiny_llama(path, TinyLlamaSpec(seed=seed, **spec))
+    return path
+
+
+def load(backend: Backend, path: Path, *, trainable: bool = True) -> retro.Model:
+    """The model with every layer on the backend under test (the CPU alone for "cpu")."""
+    return retro.Model.load(path, devices=backend.offload_devices, gpu_layers=0 if backend.name == "cpu" else -1,
+                            trainable=trainable)
+
+
+def context(model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256) -> retro.Context:
+    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch)
+
+
+def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenDataset:
+    """Random next-token windows: a stream of n_windows * width + 1 tokens, cut without overlap."""
+    stream = np.random.default_rng(seed).integers(0, n_vocab, size=n_windows * width + 1)
+    return retro.TokenDataset.from_tokens(stream, width=width)
+
+
+def subset(ds: retro.TokenDataset, rows: slice) -> retro.TokenDataset:
+    return retro.TokenDataset(np.ascontiguousarray(ds.tokens[rows]), np.ascontiguousarray(ds.labels[rows]))
+
+
+def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: Backend,
+                        what: str) -> None:
+    assert actual.keys() == expected.keys(), f"{what}: different tensor sets"
+    for name in expected:
+        a, e = actual[name], expected[name]
+        assert a.shape == e.shape, f"{what}: {name} has shape {a.shape}, expected {e.shape}"
+        if backend.name == "cpu":
+            bad = np.flatnonzero(a.view(np.uint32) != e.view(np.uint32))
+            assert bad.size == 0, (f"{what}: {name} differs bitwise in {bad.size} of {a.size} elements "
+                                   f"(first at {bad[0]}: {a.flat[bad[0]]!r} vs {e.flat[bad[0]]!r})")
+        else:
+            np.testing.assert_allclose(a, e, rtol=GPU_RTOL, atol=GPU_ATOL, err_msg=f"{what}: {name}")
+
+
+def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> set[str]:
+    return {n for n in before if not np.array_equal(before[n], after[n])}
+
+
+def file_tensors(path: Path) -> dict[str, np.ndarray]:
+    """The f32 tensors of a GGUF file as the gguf package reads them (independent of the binding)."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        if t.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise TypeError(f"{t.name}: only f32 models are compared")
+        out[t.name] = np.array(t.data, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
+    return out
