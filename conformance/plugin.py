@@ -64,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
     g.addoption("--retro-seed", type=int, default=0, help="seed of the generated test models and data")
+    g.addoption("--clauses", default=None, help="run only checks citing a clause with one of these comma-separated prefixes")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,16 +99,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    prefixes = [p.strip() for p in (config.getoption("--clauses") or "").split(",") if p.strip()]
+    if prefixes:
+        wanted = set(registry.select(prefixes))
+        keep = [i for i in items if (m := i.get_closest_marker("clause")) is None or wanted & set(m.args)]
+        dropped = [i for i in items if i not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
     for item in items:
         marker = item.get_closest_marker("clause")
         callspec = getattr(item, "callspec", None)
         if marker is None or callspec is None or "backend" not in callspec.params:
             continue
         variant: Variant = callspec.params["backend"]
-        case = item.nodeid.split("::", 1)[-1].split("[", 1)[0]
-        module = Path(str(item.fspath)).name
-        item.stash[_META] = CaseMeta(f"{module}::{case}", list(marker.args), variant)
+        # the case: module and function, plus every parameter but the backend variant
+        case = f"{Path(str(item.fspath)).name}::{item.originalname}"
+        params = [f"{k}={v}" for k, v in callspec.params.items() if k != "backend"]
+        if params:
+            case += f"[{','.join(params)}]"
+        item.stash[_META] = CaseMeta(case, list(marker.args), variant)
 
 
 @pytest.fixture
@@ -165,7 +177,8 @@ class Recorder:
         meta = item.stash.get(_META, None)
         if meta is not None:
             self.active[item.nodeid] = meta
-            self.log({"event": "start", "nodeid": item.nodeid, "t": time.time()})
+            self.log({"event": "start", "nodeid": item.nodeid, "case": meta.case, "clauses": meta.clauses,
+                      "backend": meta.variant.backend, "defect": meta.variant.defect, "t": time.time()})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         meta = self.active.get(report.nodeid)

@@ -1,0 +1,189 @@
+"""retro-conformance: certify the contracts on the backends of this machine, merge shards.
+
+  retro-conformance certify [--backend cpu|cuda|vulkan|metal|all] [--out DIR] [--clauses PREFIXES]
+  retro-conformance merge SHARD_DIR... --out DIR
+  retro-conformance verify DIR
+  retro-conformance clauses
+
+certify exits 0 when every requested backend that is available is certified, 1 when one is not
+(or none is available), 2 on an error of the harness itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import backends as backends_mod
+from . import registry, results
+
+CASES_DIR = Path(__file__).parent / "cases"
+INI = Path(__file__).parent / "pytest.ini"
+MAX_RESTARTS = 50
+
+
+def _read_log(path: Path) -> tuple[list[dict], dict | None]:
+    """Finished case records, and the case that started without finishing (None if every one did)."""
+    if not path.exists():
+        return [], None
+    done, open_start = [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if rec["event"] == "start":
+            open_start = rec
+        elif rec["event"] == "result":
+            done.append(rec)
+            if open_start and open_start["nodeid"] == rec["nodeid"]:
+                open_start = None
+    return done, open_start
+
+
+def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """Run every selected case on one backend in child interpreters. A case that kills its
+    interpreter is recorded as a crash and the run goes on with the cases after it (HARNESS-05)."""
+    log = workdir / f"{name}.jsonl"
+    cases: list[dict] = []
+    skip: list[str] = []
+    for _ in range(MAX_RESTARTS):
+        log.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pytest", str(CASES_DIR), "-c", str(INI), "--rootdir", str(CASES_DIR.parent),
+               "-q", "--no-header", "-p", "no:randomly", f"--backend={name}", f"--results-log={log}",
+               f"--retro-seed={args.seed}"]
+        if args.clauses:
+            cmd.append(f"--clauses={args.clauses}")
+        if args.no_defects:
+            cmd.append("--no-defects")
+        if args.keyword:
+            cmd += ["-k", args.keyword]
+        cmd += [f"--deselect={n}" for n in skip]
+        env = dict(os.environ, PYTHONFAULTHANDLER="1")
+        proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if args.verbose:
+            sys.stdout.write(proc.stdout)
+        done, crashed = _read_log(log)
+        cases += done
+        skip += [r["nodeid"] for r in done]
+        if crashed is None:
+            if proc.returncode not in (0, 1, 5):
+                raise RuntimeError(f"pytest on backend {name} ended with code {proc.returncode}:\n{proc.stdout[-4000:]}")
+            return cases
+        tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+        cases.append({"event": "result", "nodeid": crashed["nodeid"], "case": crashed["case"], "clauses": crashed["clauses"],
+                      "backend": name, "defect": crashed["defect"], "outcome": "crash", "duration_s": 0.0,
+                      "message": f"the interpreter died (exit code {proc.returncode}) running this case\n{tail}"})
+        skip.append(crashed["nodeid"])
+    raise RuntimeError(f"backend {name}: more than {MAX_RESTARTS} crashes, giving up")
+
+
+def run_info(args: argparse.Namespace) -> dict:
+    import retro
+
+    info = retro.build_info()
+    return {"start_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "retro": retro.__version__, "llama_cpp": info["llama_cpp_commit"], "llama_cpp_source": info["source"],
+            "patch_series_sha256": info["patch_series_sha256"], "patches": info["patches"],
+            "built_backends": info["backends"], "python": platform.python_version(),
+            "platform": platform.platform(), "host": platform.node(), "seed": args.seed,
+            "selection": args.clauses or "all", "seeded_defects": not args.no_defects,
+            "command": " ".join(["retro-conformance", *sys.argv[1:]])}
+
+
+def certify(args: argparse.Namespace) -> int:
+    requested = backends_mod.parse_selection(args.backend)
+    found = backends_mod.discover()
+    prefixes = [p.strip() for p in args.clauses.split(",")] if args.clauses else None
+    clause_ids = registry.select(prefixes)
+    if not clause_ids:
+        raise ValueError(f"no clause matches {args.clauses!r}")
+    run = run_info(args)
+    cases: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="retro-conformance-") as tmp:
+        for name in requested:
+            b = found[name]
+            if b.available:
+                print(f"certifying {name}: {b.description}", flush=True)
+                cases += run_backend(name, args, Path(tmp))
+            else:
+                print(f"{name}: not available ({b.reason})", flush=True)
+    expectations = {n: results.load_expectations(n) for n in requested}
+    res = results.aggregate(run, {n: found[n].to_json() for n in requested}, cases, clause_ids, expectations)
+    results.write_all(res, args.out)
+    return _summarize(res, args.out)
+
+
+def _summarize(res: dict, out: Path) -> int:
+    for name, verdict in res["verdict"].items():
+        row = [res["clauses"][c][name] for c in res["clauses"]]
+        counts = ", ".join(f"{row.count(s)} {s}" for s in dict.fromkeys(row))
+        print(f"{name}: {verdict} ({counts})")
+    print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}")
+    available = [n for n, v in res["verdict"].items() if v != "not available"]
+    if not available:
+        print("no requested backend is available: nothing was certified", file=sys.stderr)
+        return 1
+    return 0 if all(res["verdict"][n] == "certified" for n in available) else 1
+
+
+def merge(args: argparse.Namespace) -> int:
+    parts = [json.loads((Path(d) / "results.json").read_text(encoding="utf-8")) for d in args.shards]
+    res = results.merge(parts)
+    results.write_all(res, args.out)
+    return _summarize(res, args.out)
+
+
+def verify(args: argparse.Namespace) -> int:
+    res = json.loads((Path(args.dir) / "results.json").read_text(encoding="utf-8"))
+    results.verify(res)
+    print(f"{args.dir}: digest verified ({res['digest']})")
+    return 0
+
+
+def list_clauses(args: argparse.Namespace) -> int:
+    mutants = registry.mutants()
+    for c in registry.clauses().values():
+        flag = " [seeded defect]" if c.id in mutants else ""
+        print(f"{c.id:10} {c.text[:100]}{flag}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="retro-conformance", description="Certify the retro contracts on this machine's backends.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
+    c.add_argument("--backend", default="cpu", help="cpu (default), cuda, vulkan, metal or all; comma-separated")
+    c.add_argument("--out", type=Path, default=Path("conformance-results"))
+    c.add_argument("--clauses", default=None, help="certify only clauses with these comma-separated ID prefixes (e.g. BASE,CANCEL-0)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the generated models and data")
+    c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
+    c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
+    c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    c.set_defaults(func=certify)
+    m = sub.add_parser("merge", help="merge the results of several shards or machines into one verdict")
+    m.add_argument("shards", nargs="+", help="folders holding a results.json each")
+    m.add_argument("--out", type=Path, required=True)
+    m.set_defaults(func=merge)
+    v = sub.add_parser("verify", help="check a results folder's digest")
+    v.add_argument("dir")
+    v.set_defaults(func=verify)
+    cl = sub.add_parser("clauses", help="list the clause registry")
+    cl.set_defaults(func=list_clauses)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, RuntimeError, OSError) as err:
+        print(f"retro-conformance: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Results of a certification run: per-case result codes, per-clause status per backend, the
+verdict, and the three outputs (results.json, junit.xml, report.md). Everything is derived from
+the backends and the case records, so shards from several machines merge by re-aggregating."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from . import registry
+
+SCHEMA = 1
+CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available")
+PASSING_CLAUSE = {"pass", "not supported", "expected failure"}
+
+
+@dataclass(frozen=True)
+class Expectation:
+    case: str
+    result: str  # "fail" or "not supported"
+    reason: str
+    defect: str | None = None
+
+
+def load_expectations(backend: str, folder: Path | None = None) -> list[Expectation]:
+    """Per-backend expectation file (web-platform-tests style): cases expected not to pass there."""
+    if folder is not None:
+        path = folder / f"{backend}.toml"
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    else:
+        res = resources.files("conformance").joinpath("expectations", f"{backend}.toml")
+        text = res.read_text(encoding="utf-8") if res.is_file() else ""
+    out = []
+    for raw in tomllib.loads(text).get("expected", []):
+        e = Expectation(**raw)
+        if e.result not in ("fail", "not supported"):
+            raise ValueError(f"expectations/{backend}.toml: {e.case}: result must be 'fail' or 'not supported'")
+        out.append(e)
+    return out
+
+
+def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectation]]) -> list[dict]:
+    out = []
+    for c in cases:
+        c = dict(c)
+        for e in expectations.get(c["backend"], []):
+            if e.case == c["case"] and e.defect == c.get("defect"):
+                if c["outcome"] == "fail" and e.result == "fail":
+                    c["outcome"], c["message"] = "expected failure", f"{e.reason} | {c['message']}"
+                elif c["outcome"] == "pass":
+                    c["outcome"] = "fail"
+                    c["message"] = f"unexpected pass: expectations/{c['backend']}.toml says {e.result} ({e.reason})"
+        out.append(c)
+    return out
+
+
+def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, str]:
+    """(status, why) of one clause on one backend."""
+    if backend["status"] != "available":
+        return "not available", backend.get("reason", "")
+    citing = [c for c in cases if clause in c["clauses"]]
+    if not citing:
+        return "not covered", "no check cites it"
+    for code in ("crash", "fail"):
+        bad = [c for c in citing if c["outcome"] == code]
+        if bad:
+            return code, "; ".join(sorted({c["case"] + (f" [defect {c['defect']}]" if c["defect"] else "") for c in bad}))
+    intact = [c for c in citing if c["defect"] is None]
+    if any(c["outcome"] == "expected failure" for c in intact):
+        return "expected failure", "listed in the backend's expectation file"
+    passed = [c for c in intact if c["outcome"] == "pass"]
+    if passed:
+        if clause not in registry.mutants():
+            return "not covered", "no seeded defect shows its checks able to fail"
+        killed = {c["case"] for c in citing if c["defect"] == clause and c["outcome"] == "pass"}
+        unproven = sorted({c["case"] for c in passed} - killed)
+        if unproven:
+            return "not covered", "not run against its seeded defect: " + ", ".join(unproven)
+        return "pass", f"{len(passed)} check run(s) passed, seeded defect caught"
+    if intact and all(c["outcome"] == "not supported" for c in intact):
+        return "not supported", intact[0]["message"]
+    return "not covered", "no check citing it ran"
+
+
+def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], clause_ids: list[str],
+              expectations: dict[str, list[Expectation]] | None = None, shards: list[dict] | None = None) -> dict:
+    cases = apply_expectations(cases, expectations or {})
+    clauses: dict[str, dict[str, str]] = {}
+    why: dict[str, dict[str, str]] = {}
+    for cid in clause_ids:
+        clauses[cid], why[cid] = {}, {}
+        for name, b in backends.items():
+            status, reason = clause_status(cid, b, [c for c in cases if c["backend"] == name])
+            clauses[cid][name], why[cid][name] = status, reason
+    verdict = {}
+    for name, b in backends.items():
+        if b["status"] != "available":
+            verdict[name] = "not available"
+        else:
+            ok = all(clauses[cid][name] in PASSING_CLAUSE for cid in clause_ids)
+            verdict[name] = "certified" if ok and clause_ids else "not certified"
+    out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "backends": backends, "clauses": clauses,
+           "clause_details": why, "cases": sorted(cases, key=lambda c: (c["backend"], c["case"], c["defect"] or "")),
+           "verdict": verdict}
+    out["digest"] = digest(out)
+    return out
+
+
+def digest(results: dict) -> str:
+    """sha256 of the canonical JSON of everything but the digest itself."""
+    body = {k: v for k, v in results.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def verify(results: dict) -> None:
+    if results.get("schema") != SCHEMA:
+        raise ValueError(f"unsupported results schema {results.get('schema')!r}")
+    if results.get("digest") != digest(results):
+        raise ValueError("results digest mismatch: the file was changed after it was written")
+
+
+def merge(parts: list[dict]) -> dict:
+    """One verdict from several shards (machines): backends and cases are united, then re-aggregated.
+    A backend is available if any shard had it; a case run on several shards keeps every record."""
+    for p in parts:
+        verify(p)
+    backends: dict[str, dict] = {}
+    for p in parts:
+        for name, b in p["backends"].items():
+            if name not in backends or (b["status"] == "available" and backends[name]["status"] != "available"):
+                backends[name] = b
+    clause_ids = list(dict.fromkeys(cid for p in parts for cid in p["clauses"]))
+    shards = [s for p in parts for s in p["shards"]]
+    run = {"merged": True, "shards": len(shards), "start_time": min(s.get("start_time", "") for s in shards)}
+    cases = [c for p in parts for c in p["cases"]]  # expectations were applied when each shard ran
+    return aggregate(run, backends, cases, clause_ids, None, shards)
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+
+def write_all(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write_junit(results, out / "junit.xml")
+    (out / "report.md").write_text(report_markdown(results), encoding="utf-8")
+
+
+def write_junit(results: dict, path: Path) -> None:
+    root = ET.Element("testsuites", name="retro-conformance")
+    for name, b in results["backends"].items():
+        cases = [c for c in results["cases"] if c["backend"] == name]
+        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)),
+                              failures=str(sum(c["outcome"] == "fail" for c in cases)),
+                              errors=str(sum(c["outcome"] == "crash" for c in cases)),
+                              skipped=str(sum(c["outcome"] in ("not supported", "not available", "expected failure") for c in cases)))
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="status", value=b["status"])
+        ET.SubElement(props, "property", name="verdict", value=results["verdict"][name])
+        if b["status"] != "available":
+            ET.SubElement(props, "property", name="reason", value=b.get("reason", ""))
+        for c in cases:
+            label = c["case"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
+            tc = ET.SubElement(suite, "testcase", classname=f"{name}.{c['case'].split('::')[0]}", name=label,
+                               time=f"{c['duration_s']:.6f}")
+            ET.SubElement(tc, "properties").append(ET.Element("property", name="clauses", value=" ".join(c["clauses"])))
+            if c["outcome"] == "fail":
+                ET.SubElement(tc, "failure", message=c["message"][:500]).text = c["message"]
+            elif c["outcome"] == "crash":
+                ET.SubElement(tc, "error", message="crash: " + c["message"][:500]).text = c["message"]
+            elif c["outcome"] != "pass":
+                ET.SubElement(tc, "skipped", message=f"{c['outcome']}: {c['message'][:500]}")
+    ET.indent(root)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+_MARK = {"pass": "pass", "fail": "**FAIL**", "crash": "**CRASH**", "not covered": "not covered",
+         "not available": "n/a", "not supported": "not supported", "expected failure": "expected failure"}
+
+
+def report_markdown(results: dict) -> str:
+    names = list(results["backends"])
+    run = results["run"]
+    lines = ["# retro conformance report", ""]
+    for key in ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection"):
+        if key in run:
+            lines.append(f"- {key.replace('_', ' ')}: `{run[key]}`")
+    if run.get("merged"):
+        lines.append(f"- merged from {run['shards']} shard(s)")
+    lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
+    for n in names:
+        b = results["backends"][n]
+        passing = sum(results["clauses"][c][n] in PASSING_CLAUSE for c in results["clauses"])
+        status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
+        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['clauses'])} |")
+    lines += ["", "## Clauses", "", "| clause | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for cid, row in results["clauses"].items():
+        lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + " |")
+    bad = [c for c in results["cases"] if c["outcome"] in ("fail", "crash")]
+    if bad:
+        lines += ["", "## Failures", ""]
+        for c in bad:
+            label = c["case"] + (f" [defect {c['defect']}]" if c["defect"] else "")
+            lines += [f"### {c['backend']}: {label} ({c['outcome']})", "", "Clauses: " + ", ".join(c["clauses"]), "",
+                      "```", c["message"].strip() or "(no message)", "```", ""]
+    counts: dict[str, int] = {}
+    for c in results["cases"]:
+        counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
+    lines += ["", "## Cases", "", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none ran", "",
+              f"digest `{results['digest']}`", ""]
+    return "\n".join(lines)
