@@ -281,7 +281,9 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
         throw Error(kind_of_status(failed_status), with_diagnostic(status_text(failed_status)));
     }
 
-    m.epoch_complete  = !stopped;
+    // complete when every planned micro-batch ran (a stop requested after the last one skips nothing)
+    m.epoch_complete  = m.train_micro_batches == n_train * per_window &&
+                        m.eval_micro_batches == (n_windows - n_train) * per_window;
     m.optimizer_steps = ggml_opt_get_iter(opt) - iter0;
     ggml_opt_result_loss(result_train.get(), &m.train_loss, &m.train_loss_unc);
     ggml_opt_result_accuracy(result_train.get(), &m.train_accuracy, nullptr);

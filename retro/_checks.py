@@ -38,12 +38,12 @@ def real(name: str, value: object, *, low: float, high: float, low_open: bool = 
 def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndarray:
     """A C-contiguous int32 array of token ids in [0, n_vocab); never a silent narrowing cast."""
     arr = np.asarray(value)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, not {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= n_vocab:
         raise ValueError(f"{name} holds ids outside [0, {n_vocab}): min {lo}, max {hi}")

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import retro
+from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf", TinyLlamaSpec(seed=0))
+
+
+@pytest.fixture
+def model(model_path: Path):
+    with retro.Model.load(model_path, devices=[], trainable=True) as m:
+        yield m
+
+
+@pytest.fixture
+def ctx(model: retro.Model):
+    with retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=64) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def _no_armed_hooks():
+    """Every test starts and ends with no fault armed and no seeded defect on."""
+    from retro._native import hooks
+
+    hooks.reset()
+    yield
+    hooks.reset()
+    for clause in ("BASE-01", "BASE-02", "BASE-03"):
+        hooks.set_mutant(clause, False)
+
+
+def dataset(n_windows: int, width: int = 256, seed: int = 0, n_vocab: int = 512) -> retro.TokenDataset:
+    stream = np.random.default_rng(seed).integers(0, n_vocab, size=n_windows * width + 1)
+    return retro.TokenDataset.from_tokens(stream, width=width)

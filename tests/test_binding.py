@@ -1,0 +1,176 @@
+"""The binding: devices, model, context, decode, errors, logging, build information."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import retro
+from retro._native import hooks
+
+from conftest import REPO
+
+
+def test_build_info_names_the_pin_and_the_patch_series():
+    import hashlib
+
+    info = retro.build_info()
+    assert info["llama_cpp_commit"] == "0c1e57098"
+    assert info["sdist"] == "llama-cpp-python==0.3.36"
+    patches = sorted((REPO / "vendor" / "patches").glob("*.patch"))
+    assert info["patches"] == [p.name for p in patches]
+    digest = hashlib.sha256()
+    for p in patches:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    assert info["patch_series_sha256"] == digest.hexdigest()
+    assert "cpu" in info["backends"]
+
+
+def test_devices_list_the_cpu_first():
+    devs = retro.devices()
+    assert devs[0].kind == "cpu" and devs[0].backend == "CPU"
+    assert all(d.memory_total >= 0 for d in devs)
+
+
+def test_missing_and_corrupt_files_raise_typed_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        retro.Model.load(tmp_path / "absent.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(retro.ModelLoadError) as err:
+        retro.Model.load(bad, devices=[])
+    assert "backend diagnostic" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    (dict(gpu_layers=-2), ValueError), (dict(gpu_layers=2**31), OverflowError), (dict(gpu_layers=1.5), TypeError),
+    (dict(trainable=1), TypeError), (dict(devices=[99]), ValueError), (dict(devices=[0]), ValueError),
+])
+def test_load_arguments_are_validated(model_path, kwargs, exc):
+    with pytest.raises(exc):
+        retro.Model.load(model_path, **kwargs)
+
+
+def test_decode_returns_logits_and_is_deterministic(model):
+    with retro.Context(model, n_ctx=256, n_batch=64) as ctx:
+        tokens = model.tokenize("hello world")
+        a = ctx.decode(tokens)
+        assert a.shape == (len(tokens), model.n_vocab) and a.dtype == np.float32
+        assert np.isfinite(a).all()
+        assert ctx.n_past == len(tokens)
+        ctx.reset()
+        b = ctx.decode(np.array(tokens, dtype=np.int64))
+        assert np.array_equal(a, b)
+        # continuing the sequence: the last token's logits given the prefix equal the one-shot run
+        ctx.reset()
+        ctx.decode(tokens[:-1])
+        c = ctx.decode(tokens[-1:])
+        np.testing.assert_allclose(c[0], a[-1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens, exc", [
+    ([], ValueError), ([512], ValueError), ([-1], ValueError), ([[1, 2]], ValueError),
+    (np.array([1.0, 2.0]), TypeError), (list(range(65)), ValueError),
+])
+def test_bad_decode_input_is_rejected_before_native_state_changes(model, tokens, exc):
+    with retro.Context(model, n_ctx=256, n_batch=64) as ctx:
+        ctx.decode([1, 2, 3])
+        with pytest.raises(exc):
+            ctx.decode(tokens)
+        assert ctx.n_past == 3
+
+
+def test_decode_past_the_context_is_rejected(model):
+    with retro.Context(model, n_ctx=256, n_batch=256) as ctx:
+        ctx.decode(np.zeros(200, dtype=np.int32))
+        with pytest.raises(ValueError, match="exceed n_ctx"):
+            ctx.decode(np.zeros(100, dtype=np.int32))
+        assert ctx.n_past == 200
+
+
+def test_closed_objects_raise_invalid_state(model_path):
+    m = retro.Model.load(model_path, devices=[])
+    ctx = retro.Context(m)
+    ctx.close()
+    with pytest.raises(retro.InvalidStateError):
+        ctx.decode([1])
+    m.close()
+    with pytest.raises(retro.InvalidStateError):
+        m.tokenize("x")
+    with pytest.raises(ValueError):
+        retro.Context(m)
+
+
+def test_context_outlives_a_closed_model_handle_safely(model_path):
+    """Closing the model while a context uses it must not free the weights under the context."""
+    m = retro.Model.load(model_path, devices=[])
+    ctx = retro.Context(m)
+    del m
+    assert ctx.decode([1, 2]).shape == (2, 512)
+    ctx.close()
+
+
+def test_context_arguments_are_validated(model):
+    with pytest.raises(ValueError):
+        retro.Context(model, n_ctx=256, n_batch=32, n_ubatch=64)
+    with pytest.raises(OverflowError):
+        retro.Context(model, n_ctx=2**31)
+    with pytest.raises(TypeError):
+        retro.Context(model, n_ctx="256")
+    with pytest.raises(TypeError):
+        retro.Context(object())
+
+
+def test_native_log_lines_reach_python_logging(model_path, caplog):
+    with caplog.at_level(logging.DEBUG, logger="retro.native"):
+        with retro.Model.load(model_path, devices=[]) as m, retro.Context(m):
+            pass
+    assert any(r.name == "retro.native" for r in caplog.records)
+    assert all("\n" not in r.getMessage() for r in caplog.records if r.name == "retro.native")
+
+
+def test_decode_works_after_training_with_a_full_window_micro_batch(model):
+    """n_ubatch == n_ctx switches training graphs to bypass the KV cache; a decode afterwards
+    must not inherit that (upstream aborted in llama-graph.cpp)."""
+    from conftest import dataset
+
+    with retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=256) as ctx:
+        before = ctx.decode([5, 6, 7])
+        ctx.reset()
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.1)) as tr:
+            tr.epoch(dataset(1))
+        after = ctx.decode([5, 6, 7])
+        assert after.shape == before.shape and not np.array_equal(after, before)
+
+
+def test_fault_sites_fail_exactly_the_armed_hit(ctx):
+    """A fault armed at hit 2 of graph_build fails the second micro-batch only, as a typed error
+    carrying the native diagnostic; the trainer stays usable."""
+    from conftest import dataset
+
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+        hooks.arm("graph_build", 2, False)
+        with pytest.raises(retro.GraphBuildError, match="graph build failed") as err:
+            tr.epoch(dataset(1))
+        assert "failed to build the training graph" in str(err.value)
+        assert hooks.hits("graph_build") == 2 and hooks.failures("graph_build") == 1
+        assert tr.iteration == 2  # the first micro-batch's step stays applied
+        assert tr.epoch(dataset(1)).epoch_complete
+
+
+def test_a_compute_failure_poisons_the_trainer(ctx):
+    from conftest import dataset
+
+    tr = retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01))
+    hooks.arm("compute", 1, False)
+    with pytest.raises(retro.ComputeError):
+        tr.epoch(dataset(1))
+    assert tr.poisoned
+    with pytest.raises(retro.PoisonedTrainerError):
+        tr.epoch(dataset(1))
+    tr.close()
+    # recovery: a new trainer on the same context works
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as fresh:
+        assert fresh.epoch(dataset(1)).epoch_complete

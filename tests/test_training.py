@@ -1,0 +1,168 @@
+"""Training through the native loop: learning, metrics, accumulation, progress and cancellation,
+and validation of every argument before anything native changes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import retro
+
+from conftest import dataset
+
+
+def test_adamw_learns_a_repeating_sequence(ctx):
+    pattern = np.tile(np.arange(32), 40)[: 4 * 256 + 1]
+    ds = retro.TokenDataset.from_tokens(pattern, width=256)
+    with retro.Trainer(ctx, optimizer=retro.AdamW(lr=3e-3)) as tr:
+        first = tr.epoch(ds)
+        for _ in range(6):
+            last = tr.epoch(ds)
+    assert last.train_loss < first.train_loss - 1.0, (first.train_loss, last.train_loss)
+    assert last.train_accuracy > first.train_accuracy
+
+
+def test_metrics_count_what_ran(ctx):
+    ds = dataset(4)
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=2) as tr:
+        m = tr.epoch(ds, val_fraction=0.25)
+    # 3 train windows x 4 micro-batches of 64, 1 eval window
+    assert (m.train_micro_batches, m.eval_micro_batches) == (12, 4)
+    assert m.optimizer_steps == 6
+    assert m.logical_tokens == m.physical_tokens == 16 * 64
+    assert m.epoch_complete and m.eval_loss is not None and math.isfinite(m.eval_loss)
+    assert 0.0 <= m.train_accuracy <= 1.0 and m.elapsed_s > 0
+
+
+def test_a_partial_period_carries_into_the_next_call(ctx):
+    ds = dataset(1)  # 4 micro-batches
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=3) as tr:
+        assert tr.epoch(ds).optimizer_steps == 1
+        assert tr.period_position == 1
+        assert tr.epoch(ds).optimizer_steps == 1
+        assert tr.period_position == 2
+
+
+def test_progress_is_called_after_every_micro_batch(ctx):
+    seen = []
+    with retro.Trainer(ctx) as tr:
+        tr.epoch(dataset(2), val_fraction=0.5, progress=lambda p: seen.append(p))
+    assert seen == [retro.Progress(True, k, 4) for k in range(1, 5)] + [retro.Progress(False, k, 4) for k in range(1, 5)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_returning_false_cancels_after_that_micro_batch(ctx, k):
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=2) as tr:
+        m = tr.epoch(dataset(2), val_fraction=0.0, progress=lambda p: p.done < k)
+        assert m.train_micro_batches == min(k, 8)
+        assert m.epoch_complete == (k >= 8)
+        assert m.optimizer_steps == min(k, 8) // 2
+        assert tr.period_position == 0  # an incomplete period is discarded
+
+
+def test_a_callback_exception_cancels_and_propagates(ctx):
+    class Boom(Exception):
+        pass
+
+    def progress(p):
+        if p.done == 3:
+            raise Boom("from the callback")
+
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+        with pytest.raises(Boom):
+            tr.epoch(dataset(1), progress=progress)
+        assert tr.iteration == 4  # three steps applied, none after
+        assert tr.epoch(dataset(1)).epoch_complete
+
+
+def test_a_non_bool_progress_result_is_a_type_error(ctx):
+    with retro.Trainer(ctx) as tr, pytest.raises(TypeError, match="bool or None"):
+        tr.epoch(dataset(1), progress=lambda p: 1)
+
+
+def test_one_trainer_per_context(ctx, model_path):
+    tr = retro.Trainer(ctx)
+    with pytest.raises(retro.InvalidStateError):
+        retro.Trainer(ctx)
+    tr.close()
+    with pytest.raises(retro.InvalidStateError):
+        tr.epoch(dataset(1))
+    retro.Trainer(ctx).close()
+    with retro.Model.load(model_path, devices=[]) as ro, retro.Context(ro) as c2:
+        with pytest.raises(ValueError, match="trainable=True"):
+            retro.Trainer(c2)
+
+
+# the context is shared across examples on purpose: a rejected trainer must leave it untouched
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lr=st.one_of(st.floats(max_value=0.0), st.just(math.nan), st.just(math.inf), st.booleans(), st.text(max_size=2)),
+       which=st.sampled_from(["adamw", "sgd"]))
+def test_bad_learning_rates_are_rejected(ctx, lr, which):
+    opt = retro.AdamW(lr=lr) if which == "adamw" else retro.SGD(lr=lr)
+    with pytest.raises((ValueError, TypeError)):
+        retro.Trainer(ctx, optimizer=opt)
+    assert not ctx._h.has_trainer
+
+
+@pytest.mark.parametrize("opt", [retro.AdamW(beta1=1.5), retro.AdamW(beta2=-0.1), retro.AdamW(eps=-1.0),
+                                 retro.AdamW(weight_decay=2.0), retro.SGD(weight_decay=-0.5)])
+def test_bad_optimizer_settings_are_rejected(ctx, opt):
+    with pytest.raises(ValueError):
+        retro.Trainer(ctx, optimizer=opt)
+
+
+@pytest.mark.parametrize("acc, exc", [(0, ValueError), (-1, ValueError), (2**31, OverflowError), (True, TypeError), (1.0, TypeError)])
+def test_bad_accumulation_is_rejected(ctx, acc, exc):
+    with pytest.raises(exc):
+        retro.Trainer(ctx, accumulation=acc)
+
+
+def test_bad_datasets_are_rejected_before_any_step(ctx):
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+        before = ctx.model.tensor("output.weight")
+        bad = [
+            (retro.TokenDataset(np.full((1, 256), 512, np.int32), np.zeros((1, 256), np.int32)), ValueError),
+            (retro.TokenDataset(np.zeros((1, 100), np.int32), np.zeros((1, 100), np.int32)), ValueError),
+            (retro.TokenDataset(np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32)), ValueError),
+            (retro.TokenDataset(np.zeros((1, 256), np.int32), np.full((1, 256), -1, np.int32)), ValueError),
+        ]
+        for ds, exc in bad:
+            with pytest.raises(exc):
+                tr.epoch(ds)
+        for frac in (1.0, -0.1, math.nan):
+            with pytest.raises(ValueError):
+                tr.epoch(dataset(1), val_fraction=frac)
+        with pytest.raises(TypeError):
+            tr.epoch(np.zeros((1, 256)))
+        assert tr.iteration == 1 and tr.period_position == 0
+        assert np.array_equal(ctx.model.tensor("output.weight"), before)
+
+
+def test_token_dataset_windows_and_labels():
+    ds = retro.TokenDataset.from_tokens(np.arange(10), width=4, stride=3)
+    assert ds.tokens.tolist() == [[0, 1, 2, 3], [3, 4, 5, 6]]
+    assert ds.labels.tolist() == [[1, 2, 3, 4], [4, 5, 6, 7]]
+    with pytest.raises(ValueError):
+        retro.TokenDataset.from_tokens(np.arange(4), width=4)
+    with pytest.raises(TypeError):
+        retro.TokenDataset.from_tokens(np.zeros(10), width=4)
+    with pytest.raises(OverflowError):
+        retro.TokenDataset.from_tokens(np.array([2**40] * 10), width=4)
+
+
+def test_sgd_step_moves_weights_by_lr_times_gradient(ctx):
+    """One SGD step from fresh accumulators: the update equals -lr times the gradient, which is
+    the same for two learning rates up to the factor (no hidden accumulation)."""
+    ds = dataset(1, seed=7)
+    deltas = []
+    for lr in (0.01, 0.02):
+        with retro.Model.load(ctx.model.path, devices=[], trainable=True) as m, retro.Context(m, n_ctx=256, n_ubatch=256) as c:
+            w0 = m.tensor("output.weight")
+            with retro.Trainer(c, optimizer=retro.SGD(lr=lr)) as tr:
+                tr.epoch(ds)
+            deltas.append(m.tensor("output.weight") - w0)
+    np.testing.assert_allclose(deltas[1], 2 * deltas[0], rtol=1e-3, atol=1e-7)
