@@ -56,7 +56,7 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
     skip: list[str] = []
     for _ in range(MAX_RESTARTS):
         log.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pytest", str(CASES_DIR), "-c", str(INI), "--rootdir", str(CASES_DIR.parent),
+        cmd = [sys.executable, "-m", "pytest", str(args.cases), "-c", str(INI), "--rootdir", str(args.cases.parent),
                "-q", "--no-header", "-p", "no:randomly", f"--backend={name}", f"--results-log={log}",
                f"--retro-seed={args.seed}"]
         if args.clauses:
@@ -123,7 +123,7 @@ def certify(args: argparse.Namespace) -> int:
 
 def _summarize(res: dict, out: Path) -> int:
     for name, verdict in res["verdict"].items():
-        row = [res["clauses"][c][name] for c in res["clauses"]]
+        row = [res["clauses"][c][name] for c in res["selected"]]
         counts = ", ".join(f"{row.count(s)} {s}" for s in dict.fromkeys(row))
         print(f"{name}: {verdict} ({counts})")
     print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}")
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    c.add_argument("--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)")
     c.set_defaults(func=certify)
     m = sub.add_parser("merge", help="merge the results of several shards or machines into one verdict")
     m.add_argument("shards", nargs="+", help="folders holding a results.json each")

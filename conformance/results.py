@@ -87,26 +87,32 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
     return "not covered", "no check citing it ran"
 
 
-def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], clause_ids: list[str],
+def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected: list[str],
               expectations: dict[str, list[Expectation]] | None = None, shards: list[dict] | None = None) -> dict:
+    """Every clause of the registry gets a status per backend; the verdict counts the selected ones
+    (the others read "not selected")."""
     cases = apply_expectations(cases, expectations or {})
+    chosen = set(selected)
     clauses: dict[str, dict[str, str]] = {}
     why: dict[str, dict[str, str]] = {}
-    for cid in clause_ids:
+    for cid in registry.clauses():
         clauses[cid], why[cid] = {}, {}
         for name, b in backends.items():
-            status, reason = clause_status(cid, b, [c for c in cases if c["backend"] == name])
+            if cid in chosen:
+                status, reason = clause_status(cid, b, [c for c in cases if c["backend"] == name])
+            else:
+                status, reason = "not selected", "outside this run's clause selection"
             clauses[cid][name], why[cid][name] = status, reason
     verdict = {}
     for name, b in backends.items():
         if b["status"] != "available":
             verdict[name] = "not available"
         else:
-            ok = all(clauses[cid][name] in PASSING_CLAUSE for cid in clause_ids)
-            verdict[name] = "certified" if ok and clause_ids else "not certified"
-    out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "backends": backends, "clauses": clauses,
-           "clause_details": why, "cases": sorted(cases, key=lambda c: (c["backend"], c["case"], c["defect"] or "")),
-           "verdict": verdict}
+            ok = all(clauses[cid][name] in PASSING_CLAUSE for cid in chosen)
+            verdict[name] = "certified" if ok and chosen else "not certified"
+    out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "selected": [c for c in registry.clauses() if c in chosen],
+           "backends": backends, "clauses": clauses, "clause_details": why,
+           "cases": sorted(cases, key=lambda c: (c["backend"], c["case"], c["defect"] or "")), "verdict": verdict}
     out["digest"] = digest(out)
     return out
 
@@ -134,11 +140,11 @@ def merge(parts: list[dict]) -> dict:
         for name, b in p["backends"].items():
             if name not in backends or (b["status"] == "available" and backends[name]["status"] != "available"):
                 backends[name] = b
-    clause_ids = list(dict.fromkeys(cid for p in parts for cid in p["clauses"]))
+    selected = list(dict.fromkeys(cid for p in parts for cid in p["selected"]))
     shards = [s for p in parts for s in p["shards"]]
     run = {"merged": True, "shards": len(shards), "start_time": min(s.get("start_time", "") for s in shards)}
     cases = [c for p in parts for c in p["cases"]]  # expectations were applied when each shard ran
-    return aggregate(run, backends, cases, clause_ids, None, shards)
+    return aggregate(run, backends, cases, selected, None, shards)
 
 
 # ---- outputs -------------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ def write_junit(results: dict, path: Path) -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-_MARK = {"pass": "pass", "fail": "**FAIL**", "crash": "**CRASH**", "not covered": "not covered",
+_MARK = {"not selected": "-", "pass": "pass", "fail": "**FAIL**", "crash": "**CRASH**", "not covered": "not covered",
          "not available": "n/a", "not supported": "not supported", "expected failure": "expected failure"}
 
 
@@ -194,9 +200,9 @@ def report_markdown(results: dict) -> str:
     lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
     for n in names:
         b = results["backends"][n]
-        passing = sum(results["clauses"][c][n] in PASSING_CLAUSE for c in results["clauses"])
+        passing = sum(results["clauses"][c][n] in PASSING_CLAUSE for c in results["selected"])
         status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
-        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['clauses'])} |")
+        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
     lines += ["", "## Clauses", "", "| clause | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for cid, row in results["clauses"].items():
         lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + " |")

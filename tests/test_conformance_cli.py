@@ -1,0 +1,71 @@
+"""retro-conformance end to end: the three files, exit codes, crash isolation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance import registry
+
+
+def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "certify", "--out", str(out), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    return proc.returncode, res, proc.stdout + proc.stderr
+
+
+def test_certify_base_on_cpu_writes_three_files_and_certifies(tmp_path):
+    rc, res, log = certify(tmp_path, "--clauses", "BASE")
+    assert rc == 0, log
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.json", "junit.xml", "report.md"}
+    assert res["schema"] == 1 and res["verdict"] == {"cpu": "certified"}
+    assert {c: res["clauses"][c]["cpu"] for c in ("BASE-01", "BASE-02", "BASE-03")} == dict.fromkeys(("BASE-01", "BASE-02", "BASE-03"), "pass")
+    assert set(res["clauses"]) == set(registry.clauses())
+    run = res["run"]
+    for key in ("retro", "llama_cpp", "patch_series_sha256", "python", "platform", "start_time", "seed"):
+        assert run[key] != "", key
+    assert all(c["outcome"] == "pass" for c in res["cases"])
+    assert any(c["defect"] == "BASE-01" for c in res["cases"])
+
+
+def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
+    rc, res, log = certify(tmp_path, "--backend", "all")
+    assert rc == 1, log
+    assert res["verdict"]["cpu"] == "not certified"
+    assert res["clauses"]["TX-ACC-09"]["cpu"] == "not covered"
+    for name in ("cuda", "vulkan", "metal"):
+        if res["backends"][name]["status"] != "available":
+            assert res["verdict"][name] == "not available"
+            assert set(res["clauses"][c][name] for c in res["clauses"]) <= {"not available"}
+
+
+def test_a_requested_backend_that_is_absent_is_not_a_pass(tmp_path):
+    rc, res, log = certify(tmp_path, "--backend", "metal", "--clauses", "BASE")
+    assert rc == 1 and res["verdict"] == {"metal": "not available"}
+    assert "nothing was certified" in log
+
+
+def test_a_crashing_case_is_isolated_and_the_run_goes_on(tmp_path):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_crash.py").write_text(
+        "import os, pytest\n"
+        "@pytest.mark.clause('BASE-01')\ndef test_before(backend):\n    assert True\n"
+        "@pytest.mark.clause('BASE-02')\ndef test_crash(backend):\n    os.abort()\n"
+        "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    assert True\n")
+    rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE")
+    assert rc == 1, log
+    outcome = {c["case"]: c["outcome"] for c in res["cases"]}
+    assert outcome == {"test_crash.py::test_before": "pass", "test_crash.py::test_crash": "crash",
+                       "test_crash.py::test_after": "pass"}
+    assert res["clauses"]["BASE-02"]["cpu"] == "crash"
+    assert res["clauses"]["BASE-01"]["cpu"] == "not covered"  # --no-defects: not shown able to fail
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    rc, _, log = certify(tmp_path, "--backend", "tpu")
+    assert rc == 2 and "unknown backend" in log

@@ -1,0 +1,104 @@
+"""The pytest plugin: citation lint, one run per backend and per seeded defect, result codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def _results(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
+    log = pytester.path / "results.jsonl"
+    res = pytester.runpytest_subprocess(f"--results-log={log}", "-p", "no:cacheprovider", *args)
+    records = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    return res, [r for r in records if r["event"] == "result"]
+
+
+def test_a_check_citing_an_unknown_clause_is_a_collection_error(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        @pytest.mark.clause("BASE-99")
+        def test_x(backend):
+            assert True
+    """)
+    res, recs = _results(pytester)
+    assert res.ret == pytest.ExitCode.INTERRUPTED and not recs
+    res.stdout.fnmatch_lines(["*unknown clause ID*BASE-99*"])
+
+
+def test_a_check_without_the_backend_fixture_is_a_collection_error(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        @pytest.mark.clause("BASE-01")
+        def test_x():
+            assert True
+    """)
+    res, recs = _results(pytester)
+    assert res.ret == pytest.ExitCode.INTERRUPTED and not recs
+    res.stdout.fnmatch_lines(["*must take the `backend` fixture*"])
+
+
+def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        from retro._native import hooks
+        @pytest.mark.clause("BASE-01", "CANCEL-03")
+        def test_x(backend):
+            assert not hooks.mutant_on("BASE-01"), "defect seen"
+    """)
+    res, recs = _results(pytester, "--backend=cpu,cuda")
+    by = {(r["backend"], r["defect"]): r for r in recs}
+    assert by[("cpu", None)]["outcome"] == "pass"
+    assert by[("cpu", "BASE-01")]["outcome"] == "pass"  # the defect was caught
+    assert "caught" in by[("cpu", "BASE-01")]["message"]
+    assert by[("cuda", None)]["outcome"] == "not available"  # absent here: never "pass"
+    assert by[("cpu", None)]["clauses"] == ["BASE-01", "CANCEL-03"]
+    assert len(recs) == 4  # CANCEL-03 has no seeded defect (yet): no extra run
+
+
+def test_a_check_that_cannot_fail_is_reported_as_a_failure_under_its_defect(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        @pytest.mark.clause("BASE-02")
+        def test_x(backend):
+            assert 1 + 1 == 2
+    """)
+    res, recs = _results(pytester)
+    by = {r["defect"]: r for r in recs}
+    assert by[None]["outcome"] == "pass"
+    assert by["BASE-02"]["outcome"] == "fail" and "survived" in by["BASE-02"]["message"]
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_skips_need_a_result_code(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        from conformance.plugin import not_supported
+        @pytest.mark.clause("HOST-01")
+        def test_plain_skip(backend):
+            pytest.skip("no reason code")
+        @pytest.mark.clause("HOST-02")
+        def test_unsupported(backend):
+            not_supported("no such op here")
+    """)
+    _, recs = _results(pytester)
+    by = {r["case"]: r for r in recs}
+    assert by["test_x.py::test_plain_skip"]["outcome"] == "fail"
+    assert by["test_x.py::test_unsupported"]["outcome"] == "not supported"
+    assert by["test_x.py::test_unsupported"]["message"] == "no such op here"
+
+
+def test_the_clause_filter_deselects_other_checks(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        @pytest.mark.clause("TX-ACC-01")
+        def test_a(backend):
+            pass
+        @pytest.mark.clause("HOST-01")
+        def test_b(backend):
+            pass
+    """)
+    _, recs = _results(pytester, "--clauses=TX")
+    assert [r["case"] for r in recs] == ["test_x.py::test_a"]

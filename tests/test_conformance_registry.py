@@ -1,0 +1,43 @@
+"""The clause registry against shared/CONTRACTS.md, and the seeded-defect registry."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance import registry
+
+from conftest import REPO
+
+CONTRACTS = REPO.parent / "shared" / "CONTRACTS.md"
+ID = re.compile(r"\b(?:BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?\b")
+
+
+def test_registry_holds_every_clause_of_the_contracts_and_no_other():
+    if not CONTRACTS.is_file():
+        pytest.skip("shared/CONTRACTS.md is not beside this checkout")
+    want = set(ID.findall(CONTRACTS.read_text(encoding="utf-8")))
+    assert set(registry.clauses()) == want
+
+
+def test_every_clause_has_text_and_a_known_document():
+    for c in registry.clauses().values():
+        assert c.text.strip(), c.id
+        assert registry.ID_PATTERN.match(c.id)
+    subs = [c for c in registry.clauses().values() if c.parent]
+    assert {c.id for c in subs} == {f"FAIL-04{x}" for x in "abcdef"}
+
+
+def test_every_seeded_defect_names_a_clause_and_says_where_it_lives():
+    mutants = registry.mutants()
+    assert {"BASE-01", "BASE-02", "BASE-03"} <= set(mutants)
+    for m in mutants.values():
+        assert m.where and m.defect
+
+
+def test_selection_by_prefix():
+    assert registry.select(["BASE"]) == ["BASE-01", "BASE-02", "BASE-03"]
+    assert registry.select(["FAIL-04"])[0] == "FAIL-04" and len(registry.select(["FAIL-04"])) == 7
+    assert registry.select(None) == list(registry.clauses())
+    assert registry.unknown_ids(["BASE-01", "NOPE-01"]) == ["NOPE-01"]
