@@ -1,0 +1,49 @@
+"""BASE-01 against the library without its fix: the conformance check must fail there.
+
+Builds retro with patch 0001 (the accumulator reset) left out, and 0007 (the hook call sites,
+which touch the lines 0001 adds), into a separate folder, then runs the BASE-01 check of that
+build in an interpreter that sees it and not the installed one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.slow
+def test_base01_check_fails_against_the_unpatched_library(tmp_path):
+    target = tmp_path / "unpatched"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+         "--target", str(target), f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
+         "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0007", str(REPO)],
+        capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+
+    # -S: no .pth processing, so an editable install of retro cannot shadow the unpatched build
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"],
+                                                       sysconfig.get_paths()["platlib"]]))
+    probe = subprocess.run([sys.executable, "-S", "-c", "import json, retro; print(json.dumps(retro.build_info()))"],
+                           env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    info = json.loads(probe.stdout)
+    assert not any(p.startswith(("0001", "0007")) for p in info["patches"]), info["patches"]
+
+    log = tmp_path / "results.jsonl"
+    cases = target / "conformance" / "cases"
+    run = subprocess.run(
+        [sys.executable, "-S", "-m", "pytest", str(cases), "-c", str(target / "conformance" / "pytest.ini"),
+         "--rootdir", str(target / "conformance"), "--backend=cpu", "--no-defects", "--clauses=BASE-01",
+         f"--results-log={log}", "-q"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    outcomes = {r["case"]: r["outcome"] for r in records if r["event"] == "result"}
+    assert outcomes and set(outcomes.values()) == {"fail"}, run.stdout[-3000:]
+    assert all("SGD steps in one call vs one fresh optimizer per step" in r["message"]
+               for r in records if r["event"] == "result")
