@@ -57,7 +57,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
     for _ in range(MAX_RESTARTS):
         log.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "pytest", str(args.cases), "-c", str(INI), "--rootdir", str(args.cases.parent),
-               "-q", "--no-header", "-p", "no:randomly", f"--backend={name}", f"--results-log={log}",
+               "-q", "--no-header", "-p", "conformance.plugin", "-p", "_hypothesis_pytestplugin",
+               f"--backend={name}", f"--results-log={log}",
                f"--retro-seed={args.seed}"]
         if args.clauses:
             cmd.append(f"--clauses={args.clauses}")
@@ -66,7 +67,10 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
         if args.keyword:
             cmd += ["-k", args.keyword]
         cmd += [f"--deselect={n}" for n in skip]
-        env = dict(os.environ, PYTHONFAULTHANDLER="1")
+        # a certification run loads exactly its own plugins and settings, whatever pytest session
+        # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env.update(PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if args.verbose:
             sys.stdout.write(proc.stdout)

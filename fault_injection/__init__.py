@@ -1,0 +1,90 @@
+"""Fault injection into the patched llama.cpp, SQLite-style.
+
+The fork calls a hook at every site a training step can fail before or during compute; with a
+plan armed, the hook fails the chosen hit of the chosen site (and, persistently, every later
+one). `sweep` drives an operation through every hit of a site: fail at hit 1, then 2, ... until
+the operation completes with the armed failure never reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from retro._native import hooks as _hooks
+
+#: every site compiled into the fork (vendor/patches/0007), in the order a training step meets them
+SITES = ("batch_init", "memory_init", "output_reserve", "graph_build", "alloc", "compute")
+
+
+def _check_site(site: str) -> str:
+    if site not in SITES:
+        raise ValueError(f"unknown fault site {site!r}; known: {', '.join(SITES)}")
+    return site
+
+
+def arm(site: str, hit: int, *, persistent: bool = False) -> None:
+    """Fail the `hit`-th hit of `site` from now (1-based); persistent: every later hit too."""
+    if isinstance(hit, bool) or not isinstance(hit, int) or hit < 1:
+        raise ValueError("hit must be an int >= 1")
+    _hooks.arm(_check_site(site), hit, persistent)
+
+
+def reset() -> None:
+    """Disarm every site and zero the counters."""
+    _hooks.reset()
+
+
+def hits(site: str) -> int:
+    return int(_hooks.hits(_check_site(site)))
+
+
+def failures(site: str) -> int:
+    return int(_hooks.failures(_check_site(site)))
+
+
+@dataclass
+class Injection:
+    hit: int
+    error: BaseException | None  # what the operation raised, None if it swallowed the failure
+
+
+@dataclass
+class Sweep:
+    site: str
+    persistent: bool
+    injections: list[Injection] = field(default_factory=list)
+    completed_after: int = 0  # the hit count at which the operation first ran to completion
+
+    @property
+    def hits_seen(self) -> int:
+        return self.completed_after
+
+
+def sweep(operation: Callable[[], object], site: str, *, persistent: bool = False, max_hits: int = 10_000,
+          check: Callable[[Injection], None] | None = None) -> Sweep:
+    """Run `operation` once per hit of `site`, failing that hit (once, or from it on), until an
+    armed run completes without reaching its hit. `operation` must build its own fresh state.
+    `check` inspects each injection (the error raised) and may assert on the state left behind."""
+    _check_site(site)
+    result = Sweep(site, persistent)
+    for n in range(1, max_hits + 1):
+        reset()
+        arm(site, n, persistent=persistent)
+        error: BaseException | None = None
+        try:
+            operation()
+        except Exception as err:  # noqa: BLE001 - every error is evidence, judged by `check`
+            error = err
+        fired = failures(site) > 0
+        reset()
+        if not fired:
+            if error is not None:
+                raise error
+            result.completed_after = n - 1
+            return result
+        inj = Injection(n, error)
+        result.injections.append(inj)
+        if check is not None:
+            check(inj)
+    raise RuntimeError(f"{site}: the operation still reached the armed hit after {max_hits} runs")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks, _native
+from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .model import Model
 
 
-class Context:
+class Context(NativeHandle):
     """A context on a model (sequence 0 only).
 
     llama.cpp rounds ``n_ctx`` up to a multiple of 256. ``n_batch`` is the most tokens one
@@ -49,10 +50,6 @@ class Context:
         """Tokens of the current sequence already in the KV cache."""
         return int(self._h.n_past)
 
-    @property
-    def closed(self) -> bool:
-        return bool(self._h.closed)
-
     @forwarding
     def decode(self, tokens: np.ndarray | list[int]) -> np.ndarray:
         """Append tokens to the sequence; returns their logits, float32 [len(tokens), n_vocab].
@@ -67,12 +64,3 @@ class Context:
     def reset(self) -> None:
         """Forget the sequence: the next decode starts at position 0."""
         self._h.reset()
-
-    def close(self) -> None:
-        self._h.close()
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from . import _checks, _native
+from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .devices import Device, devices as list_devices
 
 
-class Model:
+class Model(NativeHandle):
     """A llama.cpp model. Load with :meth:`Model.load`; close explicitly or use as a context manager.
 
     Limits of the pinned llama.cpp that training users meet: ``token_embd.weight`` (and
@@ -75,10 +76,6 @@ class Model:
     def n_embd(self) -> int:
         return int(self._h.n_embd)
 
-    @property
-    def closed(self) -> bool:
-        return bool(self._h.closed)
-
     # -- tokens -------------------------------------------------------------------------------
     @forwarding
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
@@ -119,15 +116,6 @@ class Model:
         if not p.is_file():
             raise OSError(f"the model could not be written to {p}")
         return p
-
-    def close(self) -> None:
-        self._h.close()
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"n_vocab={self.n_vocab} n_layer={self.n_layer}"

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _checks, _native
+from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .context import Context
 from .datasets import TokenDataset
@@ -80,7 +81,7 @@ class EpochMetrics:
         return self.train_micro_batches + self.eval_micro_batches
 
 
-class Trainer:
+class Trainer(NativeHandle):
     """Trains every trainable weight of a context's model (see :class:`retro.Model` for the
     limits of the pinned llama.cpp). ``accumulation`` micro-batches of ``n_ubatch`` tokens make one
     optimizer step. One trainer per context at a time; close it to create another."""
@@ -121,10 +122,6 @@ class Trainer:
     def poisoned(self) -> bool:
         """True once a backend compute failed: every later call raises PoisonedTrainerError."""
         return bool(self._h.poisoned)
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._h.closed)
 
     def parameters(self) -> dict[str, np.ndarray]:
         return self.context.model.parameters()
@@ -179,16 +176,6 @@ class Trainer:
             train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
             optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
             physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s)
-
-    def close(self) -> None:
-        """Free the optimizer state; the context can take a new trainer."""
-        self._h.close()
-
-    def __enter__(self) -> Trainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _wrap_progress(progress: ProgressCallback) -> Callable[[bool, int, int], bool]:

@@ -16,28 +16,20 @@ def _results(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, l
     return res, [r for r in records if r["event"] == "result"]
 
 
-def test_a_check_citing_an_unknown_clause_is_a_collection_error(pytester):
-    pytester.makepyfile(test_x="""
+@pytest.mark.parametrize("clause, signature, message", [
+    ("BASE-99", "backend", "*unknown clause ID*BASE-99*"),
+    ("BASE-01", "", "*must take the `backend` fixture*"),
+])
+def test_miscited_checks_are_collection_errors(pytester, clause, signature, message):
+    pytester.makepyfile(test_x=f"""
         import pytest
-        @pytest.mark.clause("BASE-99")
-        def test_x(backend):
+        @pytest.mark.clause("{clause}")
+        def test_x({signature}):
             assert True
     """)
     res, recs = _results(pytester)
     assert res.ret == pytest.ExitCode.INTERRUPTED and not recs
-    res.stdout.fnmatch_lines(["*unknown clause ID*BASE-99*"])
-
-
-def test_a_check_without_the_backend_fixture_is_a_collection_error(pytester):
-    pytester.makepyfile(test_x="""
-        import pytest
-        @pytest.mark.clause("BASE-01")
-        def test_x():
-            assert True
-    """)
-    res, recs = _results(pytester)
-    assert res.ret == pytest.ExitCode.INTERRUPTED and not recs
-    res.stdout.fnmatch_lines(["*must take the `backend` fixture*"])
+    res.stdout.fnmatch_lines([message])
 
 
 def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
