@@ -25,11 +25,11 @@ WORKLOAD = r"""
 import json, sys, time, numpy as np, retro
 path, threads = sys.argv[1], int(sys.argv[2])
 with retro.Model.load(path, devices=[], trainable=True) as m, retro.Context(m, n_ctx=256, n_ubatch=64, n_threads=threads) as c:
-    stream = np.random.default_rng(0).integers(0, m.n_vocab, size=4 * 256 + 1)
+    stream = np.random.default_rng(0).integers(0, m.n_vocab, size=2 * 256 + 1)
     ds = retro.TokenDataset.from_tokens(stream, width=256)
     with retro.Trainer(c, optimizer=retro.AdamW()) as tr:
         tr.epoch(ds)  # warm-up
-        t = time.perf_counter(); n = sum(tr.epoch(ds).train_micro_batches for _ in range(3))
+        t = time.perf_counter(); n = tr.epoch(ds).train_micro_batches
         print(json.dumps({"s_per_micro_batch": (time.perf_counter() - t) / n}))
 """
 
@@ -57,7 +57,7 @@ def run_layout(site: str, model: Path, procs: int, threads: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", action="append", required=True, help="NAME=SITE_DIR (empty: the installed build)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
     from retro.testing import write_tiny_llama
@@ -69,6 +69,7 @@ def main() -> int:
             for layout, procs, threads in LAYOUTS:
                 for name, site in variants.items():
                     times[(name, layout)].append(run_layout(site, model, procs, threads))
+                    print(f"  {name:10} {layout:26} {times[(name, layout)][-1] * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     names = list(variants)
     print(f"cores: {len(os.sched_getaffinity(0))}; median ms per micro-batch (64 tokens, AdamW) over {args.repeats} runs")
     print("| layout | " + " | ".join(names) + (f" | {names[1]}/{names[0]} |" if len(names) == 2 else " |"))
