@@ -15,9 +15,17 @@ namespace retro {
 struct Model {
     llama_model * model = nullptr;
     bool trainable = false;
+    int open_contexts = 0;  // contexts created on this model and not yet closed
 
-    ~Model() { close(); }
+    ~Model() {
+        if (model) {
+            llama_model_free(model);
+        }
+    }
     void close() {
+        if (open_contexts > 0) {
+            throw Error(ErrorKind::InvalidState, "the model still has open contexts; close them first");
+        }
         if (model) {
             llama_model_free(model);
             model = nullptr;
@@ -42,6 +50,7 @@ struct Context {
         if (ctx) {
             llama_free(ctx);
             ctx = nullptr;
+            model->open_contexts -= 1;
         }
     }
     llama_context * get() const {

@@ -111,6 +111,7 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     if (!context->ctx) {
         throw Error(ErrorKind::Context, with_diagnostic("failed to create the context"));
     }
+    model->open_contexts += 1;
     return context;
 }
 

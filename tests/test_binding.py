@@ -103,13 +103,20 @@ def test_closed_objects_raise_invalid_state(model_path):
         retro.Context(m)
 
 
-def test_context_outlives_a_closed_model_handle_safely(model_path):
-    """Closing the model while a context uses it must not free the weights under the context."""
+def test_a_model_is_never_freed_under_its_contexts(model_path):
+    """Dropping the model object keeps the weights alive for its contexts; closing it while a
+    context is open is refused."""
     m = retro.Model.load(model_path, devices=[])
     ctx = retro.Context(m)
+    with pytest.raises(retro.InvalidStateError, match="open contexts"):
+        m.close()
+    assert not m.closed
     del m
     assert ctx.decode([1, 2]).shape == (2, 512)
+    model = ctx.model
     ctx.close()
+    model.close()
+    assert model.closed
 
 
 def test_context_arguments_are_validated(model):
