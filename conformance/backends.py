@@ -32,6 +32,7 @@ class Backend:
 
     def to_json(self) -> dict:
         return {"status": "available" if self.available else "not available", "reason": self.reason,
+                "device": self.description,
                 "devices": [{k: d[k] for k in ("name", "description", "memory_total")} for d in self.devices]}
 
 

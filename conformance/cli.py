@@ -82,7 +82,7 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
                 raise RuntimeError(f"pytest on backend {name} ended with code {proc.returncode}:\n{proc.stdout[-4000:]}")
             return cases
         tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-        cases.append({"event": "result", "nodeid": crashed["nodeid"], "case": crashed["case"], "clauses": crashed["clauses"],
+        cases.append({"event": "result", "nodeid": crashed["nodeid"], "id": crashed["id"], "clauses": crashed["clauses"],
                       "backend": name, "defect": crashed["defect"], "outcome": "crash", "duration_s": 0.0,
                       "message": f"the interpreter died (exit code {proc.returncode}) running this case\n{tail}"})
         skip.append(crashed["nodeid"])

@@ -177,7 +177,7 @@ class Recorder:
         meta = item.stash.get(_META, None)
         if meta is not None:
             self.active[item.nodeid] = meta
-            self.log({"event": "start", "nodeid": item.nodeid, "case": meta.case, "clauses": meta.clauses,
+            self.log({"event": "start", "nodeid": item.nodeid, "id": meta.case, "clauses": meta.clauses,
                       "backend": meta.variant.backend, "defect": meta.variant.defect, "t": time.time()})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -206,7 +206,7 @@ class Recorder:
         if meta is None:
             return
         self.log({
-            "event": "result", "nodeid": nodeid, "case": meta.case, "clauses": meta.clauses,
+            "event": "result", "nodeid": nodeid, "id": meta.case, "clauses": meta.clauses,
             "backend": meta.variant.backend, "defect": meta.variant.defect, "outcome": meta.outcome or "fail",
             "duration_s": round(meta.duration, 6), "message": meta.message[:4000]})
 

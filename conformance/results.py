@@ -47,9 +47,9 @@ def load_expectations(backend: str, folder: Path | None = None) -> list[Expectat
 def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectation]]) -> list[dict]:
     out = []
     for c in cases:
-        c = dict(c)
+        c = {k: v for k, v in c.items() if k != "event"}
         for e in expectations.get(c["backend"], []):
-            if e.case == c["case"] and e.defect == c.get("defect"):
+            if e.case == c["id"] and e.defect == c.get("defect"):
                 if c["outcome"] == "fail" and e.result == "fail":
                     c["outcome"], c["message"] = "expected failure", f"{e.reason} | {c['message']}"
                 elif c["outcome"] == "pass":
@@ -69,7 +69,7 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
     for code in ("crash", "fail"):
         bad = [c for c in citing if c["outcome"] == code]
         if bad:
-            return code, "; ".join(sorted({c["case"] + (f" [defect {c['defect']}]" if c["defect"] else "") for c in bad}))
+            return code, "; ".join(sorted({c["id"] + (f" [defect {c['defect']}]" if c["defect"] else "") for c in bad}))
     intact = [c for c in citing if c["defect"] is None]
     if any(c["outcome"] == "expected failure" for c in intact):
         return "expected failure", "listed in the backend's expectation file"
@@ -77,8 +77,8 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
     if passed:
         if clause not in registry.mutants():
             return "not covered", "no seeded defect shows its checks able to fail"
-        killed = {c["case"] for c in citing if c["defect"] == clause and c["outcome"] == "pass"}
-        unproven = sorted({c["case"] for c in passed} - killed)
+        killed = {c["id"] for c in citing if c["defect"] == clause and c["outcome"] == "pass"}
+        unproven = sorted({c["id"] for c in passed} - killed)
         if unproven:
             return "not covered", "not run against its seeded defect: " + ", ".join(unproven)
         return "pass", f"{len(passed)} check run(s) passed, seeded defect caught"
@@ -112,7 +112,7 @@ def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected:
             verdict[name] = "certified" if ok and chosen else "not certified"
     out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "selected": [c for c in registry.clauses() if c in chosen],
            "backends": backends, "clauses": clauses, "clause_details": why,
-           "cases": sorted(cases, key=lambda c: (c["backend"], c["case"], c["defect"] or "")), "verdict": verdict}
+           "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")), "verdict": verdict}
     out["digest"] = digest(out)
     return out
 
@@ -170,8 +170,8 @@ def write_junit(results: dict, path: Path) -> None:
         if b["status"] != "available":
             ET.SubElement(props, "property", name="reason", value=b.get("reason", ""))
         for c in cases:
-            label = c["case"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
-            tc = ET.SubElement(suite, "testcase", classname=f"{name}.{c['case'].split('::')[0]}", name=label,
+            label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
+            tc = ET.SubElement(suite, "testcase", classname=f"{name}.{c['id'].split('::')[0]}", name=label,
                                time=f"{c['duration_s']:.6f}")
             ET.SubElement(tc, "properties").append(ET.Element("property", name="clauses", value=" ".join(c["clauses"])))
             if c["outcome"] == "fail":
@@ -210,7 +210,7 @@ def report_markdown(results: dict) -> str:
     if bad:
         lines += ["", "## Failures", ""]
         for c in bad:
-            label = c["case"] + (f" [defect {c['defect']}]" if c["defect"] else "")
+            label = c["id"] + (f" [defect {c['defect']}]" if c["defect"] else "")
             lines += [f"### {c['backend']}: {label} ({c['outcome']})", "", "Clauses: " + ", ".join(c["clauses"]), "",
                       "```", c["message"].strip() or "(no message)", "```", ""]
     counts: dict[str, int] = {}

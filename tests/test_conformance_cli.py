@@ -59,7 +59,7 @@ def test_a_crashing_case_is_isolated_and_the_run_goes_on(tmp_path):
         "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    assert True\n")
     rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE")
     assert rc == 1, log
-    outcome = {c["case"]: c["outcome"] for c in res["cases"]}
+    outcome = {c["id"]: c["outcome"] for c in res["cases"]}
     assert outcome == {"test_crash.py::test_before": "pass", "test_crash.py::test_crash": "crash",
                        "test_crash.py::test_after": "pass"}
     assert res["clauses"]["BASE-02"]["cpu"] == "crash"

@@ -76,7 +76,7 @@ def test_skips_need_a_result_code(pytester):
             not_supported("no such op here")
     """)
     _, recs = _results(pytester)
-    by = {r["case"]: r for r in recs}
+    by = {r["id"]: r for r in recs}
     assert by["test_x.py::test_plain_skip"]["outcome"] == "fail"
     assert by["test_x.py::test_unsupported"]["outcome"] == "not supported"
     assert by["test_x.py::test_unsupported"]["message"] == "no such op here"
@@ -93,4 +93,4 @@ def test_the_clause_filter_deselects_other_checks(pytester):
             pass
     """)
     _, recs = _results(pytester, "--clauses=TX")
-    assert [r["case"] for r in recs] == ["test_x.py::test_a"]
+    assert [r["id"] for r in recs] == ["test_x.py::test_a"]

@@ -14,7 +14,7 @@ ABSENT = {"status": "not available", "reason": "not compiled into this build", "
 
 
 def case(name, clauses, outcome, backend="cpu", defect=None, message=""):
-    return {"nodeid": name, "case": name, "clauses": clauses, "backend": backend, "defect": defect,
+    return {"nodeid": name, "id": name, "clauses": clauses, "backend": backend, "defect": defect,
             "outcome": outcome, "duration_s": 0.1, "message": message}
 
 

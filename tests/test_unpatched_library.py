@@ -43,7 +43,7 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
          "--rootdir", str(target / "conformance"), "--backend=cpu", "--no-defects", "--clauses=BASE-01",
          f"--results-log={log}", "-q"], env=env, capture_output=True, text=True, cwd=tmp_path)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    outcomes = {r["case"]: r["outcome"] for r in records if r["event"] == "result"}
+    outcomes = {r["id"]: r["outcome"] for r in records if r["event"] == "result"}
     assert outcomes and set(outcomes.values()) == {"fail"}, run.stdout[-3000:]
     assert all("SGD steps in one call vs one fresh optimizer per step" in r["message"]
                for r in records if r["event"] == "result")
