@@ -115,7 +115,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         variant: Variant = callspec.params["backend"]
         # the case: module and function, plus every parameter but the backend variant
-        case = f"{Path(str(item.fspath)).name}::{item.originalname}"
+        case = f"{Path(str(item.fspath)).name}::{getattr(item, 'originalname', item.name)}"
         params = [f"{k}={v}" for k, v in callspec.params.items() if k != "backend"]
         if params:
             case += f"[{','.join(params)}]"

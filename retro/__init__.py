@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 @cache
 def build_info() -> dict[str, Any]:
     """The llama.cpp pin, the patch series (and its sha256) and the backends of this build."""
-    return json.loads(_native.build_info())
+    info: dict[str, Any] = json.loads(_native.build_info())
+    return info
 
 
 __all__ = ["AdamW", "Context", "Device", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",

@@ -17,6 +17,8 @@ class Context(NativeHandle):
     :meth:`decode` takes; ``n_ubatch`` is the micro-batch a training step computes at once.
     """
 
+    _h: _native.Context
+
     def __init__(self, model: Model, *, n_ctx: int = 256, n_batch: int | None = None,
                  n_ubatch: int | None = None, n_threads: int | None = None) -> None:
         if not isinstance(model, Model):

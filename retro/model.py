@@ -23,6 +23,8 @@ class Model(NativeHandle):
     gradient). A trainer also sets the model's training context length to its context's ``n_ctx``.
     """
 
+    _h: _native.Model
+
     def __init__(self, handle: _native.Model, path: Path) -> None:
         self._h = handle
         self.path = path

@@ -86,6 +86,8 @@ class Trainer(NativeHandle):
     limits of the pinned llama.cpp). ``accumulation`` micro-batches of ``n_ubatch`` tokens make one
     optimizer step. One trainer per context at a time; close it to create another."""
 
+    _h: _native.Trainer
+
     def __init__(self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
