@@ -6,7 +6,11 @@ import json
 from functools import cache
 from typing import Any
 
-from . import _native
+from . import _cpu
+
+_cpu.check()
+
+from . import _native  # noqa: E402  (after the CPU check: the library uses AVX2 once loaded)
 from ._native_logs import recent_errors
 from .context import Context
 from .datasets import TokenDataset

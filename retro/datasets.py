@@ -11,9 +11,10 @@ from . import _checks
 
 @dataclass(frozen=True)
 class TokenDataset:
-    """Next-token windows over a token stream, as upstream's llama_opt_dataset_init builds them:
-    window i holds tokens[i*stride : i*stride+width], labelled by the token that follows each one.
-    The width must equal the training context's n_ctx or divide into its micro-batches."""
+    """Next-token windows over a token stream, labelled as upstream's common_opt_dataset_init does:
+    window i holds tokens[i*stride : i*stride+width], each labelled by the token that follows it.
+    Every window that fits is kept (upstream's count, (len - width - 1) // stride, drops the last
+    one). The width must equal the training context's n_ctx or divide into its micro-batches."""
 
     tokens: np.ndarray  # int32 [n_windows, width]
     labels: np.ndarray  # int32 [n_windows, width]

@@ -181,3 +181,16 @@ def test_a_compute_failure_poisons_the_trainer(ctx):
     # recovery: a new trainer on the same context works
     with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as fresh:
         assert fresh.epoch(dataset(1)).epoch_complete
+
+
+def test_missing_cpu_features_are_named(tmp_path, monkeypatch):
+    from retro import _cpu
+
+    monkeypatch.setattr(_cpu.platform, "machine", lambda: "x86_64")
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx fma\n")
+    assert _cpu.missing_features(str(info)) == ["avx2", "f16c"]
+    info.write_text("flags\t\t: avx2 fma f16c\n")
+    assert _cpu.missing_features(str(info)) == []
+    monkeypatch.setattr(_cpu.platform, "machine", lambda: "aarch64")
+    assert _cpu.missing_features(str(tmp_path / "absent")) == []

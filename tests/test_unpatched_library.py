@@ -2,7 +2,10 @@
 
 Builds retro with patch 0001 (the accumulator reset) left out, and 0007 (the hook call sites,
 which touch the lines 0001 adds), into a separate folder, then runs the BASE-01 check of that
-build in an interpreter that sees it and not the installed one."""
+build in an interpreter that sees it and not the installed one.
+
+The build is the one a fresh machine makes: an isolated build environment and an empty sdist
+cache, so pip must fetch the pinned sources from inside it."""
 
 from __future__ import annotations
 
@@ -21,11 +24,12 @@ from conftest import REPO
 def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     target = tmp_path / "unpatched"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
          "--target", str(target), f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
          "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0007", str(REPO)],
-        capture_output=True, text=True)
+        capture_output=True, text=True, env=dict(os.environ, RETRO_CACHE_DIR=str(tmp_path / "cache")))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert (tmp_path / "cache" / "llama_cpp_python-0.3.36.tar.gz").is_file()
 
     # -S: no .pth processing, so an editable install of retro cannot shadow the unpatched build
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"],
