@@ -218,11 +218,24 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     bool stopped = false;
     const auto t0 = std::chrono::steady_clock::now();
 
+    // seeded defects (conformance/mutants.toml): all off outside a conformance run
+    const bool late_stop_check = retro_mutant_on("CANCEL-02") || retro_mutant_on("CANCEL-03");
+    const bool keep_partial    = retro_mutant_on("CANCEL-04");
+    const bool eval_after_stop = retro_mutant_on("CANCEL-05");
+    const bool count_planned   = retro_mutant_on("CANCEL-06");
+
     clear_recent_errors();
     llama_opt_clear_stop(lctx);
     {
         py::gil_scoped_release release;
-        for (int phase = 0; phase < 2 && !stopped && failed_status == LLAMA_OPT_STATUS_OK; ++phase) {
+        for (int phase = 0; phase < 2 && failed_status == LLAMA_OPT_STATUS_OK; ++phase) {
+            if (stopped && phase == 1 && eval_after_stop && !callback_error) {
+                stopped = false;
+                llama_opt_clear_stop(lctx);
+            }
+            if (stopped) {
+                break;
+            }
             const bool train = phase == 0;
             const int64_t w_begin = train ? 0 : n_train;
             const int64_t w_end   = train ? n_train : n_windows;
@@ -244,6 +257,10 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                     // every label of a token window is real: no padding is sent to compute
                     m.logical_tokens  += n_ubatch;
                     m.physical_tokens += n_ubatch;
+                    if (late_stop_check && llama_opt_stop_requested(lctx)) {
+                        stopped = true;  // seeded defect: a request seen only after one more compute
+                        break;
+                    }
                     if (!progress.is_none()) {
                         py::gil_scoped_acquire acquire;
                         try {
@@ -257,7 +274,7 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                         }
                     }
                     // the stop request is checked after each micro-batch callback, before the next compute
-                    if (llama_opt_stop_requested(lctx)) {
+                    if (!late_stop_check && llama_opt_stop_requested(lctx)) {
                         stopped = true;
                         break;
                     }
@@ -265,7 +282,7 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
             }
         }
     }
-    if (stopped && !ggml_opt_backend_failed(opt)) {
+    if (stopped && !ggml_opt_backend_failed(opt) && !keep_partial) {
         // an incomplete accumulation period must not reach a later call
         ggml_opt_discard_period(opt);
     }
@@ -281,6 +298,10 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
         throw Error(kind_of_status(failed_status), with_diagnostic(status_text(failed_status)));
     }
 
+    if (count_planned) {
+        m.train_micro_batches = n_train * per_window;
+        m.logical_tokens = m.physical_tokens = (m.train_micro_batches + m.eval_micro_batches) * n_ubatch;
+    }
     // complete when every planned micro-batch ran (a stop requested after the last one skips nothing)
     m.epoch_complete  = m.train_micro_batches == n_train * per_window &&
                         m.eval_micro_batches == (n_windows - n_train) * per_window;

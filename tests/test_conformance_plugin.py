@@ -36,7 +36,7 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
     pytester.makepyfile(test_x="""
         import pytest
         from retro._native import hooks
-        @pytest.mark.clause("BASE-01", "CANCEL-03")
+        @pytest.mark.clause("BASE-01", "TX-ACC-09")
         def test_x(backend):
             assert not hooks.mutant_on("BASE-01"), "defect seen"
     """)
@@ -46,8 +46,8 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
     assert by[("cpu", "BASE-01")]["outcome"] == "pass"  # the defect was caught
     assert "caught" in by[("cpu", "BASE-01")]["message"]
     assert by[("cuda", None)]["outcome"] == "not available"  # absent here: never "pass"
-    assert by[("cpu", None)]["clauses"] == ["BASE-01", "CANCEL-03"]
-    assert len(recs) == 4  # CANCEL-03 has no seeded defect (yet): no extra run
+    assert by[("cpu", None)]["clauses"] == ["BASE-01", "TX-ACC-09"]
+    assert len(recs) == 4  # TX-ACC-09 has no seeded defect (yet): no extra run
 
 
 def test_a_check_that_cannot_fail_is_reported_as_a_failure_under_its_defect(pytester):
