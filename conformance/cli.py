@@ -16,9 +16,11 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import backends as backends_mod
@@ -48,9 +50,26 @@ def _read_log(path: Path) -> tuple[list[dict], dict | None]:
     return done, open_start
 
 
+def _run_watched(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, case_timeout: float) -> tuple[int, str, bool]:
+    """Run a child pytest; kill it (and whatever it started) when one case outlives case_timeout."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        while proc.poll() is None:
+            time.sleep(0.2)
+            _, running = _read_log(log)
+            if running is not None and time.time() - running["t"] > case_timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.seek(0)
+        return proc.returncode, out.read(), timed_out
+
+
 def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict]:
     """Run every selected case on one backend in child interpreters. A case that kills its
-    interpreter is recorded as a crash and the run goes on with the cases after it (HARNESS-05)."""
+    interpreter, or hangs past --case-timeout, is recorded as a crash and the run goes on with
+    the cases after it (HARNESS-05)."""
     log = workdir / f"{name}.jsonl"
     cases: list[dict] = []
     skip: list[str] = []
@@ -71,20 +90,22 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
         # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env.update(PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-        proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        returncode, output, timed_out = _run_watched(cmd, workdir, env, log, args.case_timeout)
         if args.verbose:
-            sys.stdout.write(proc.stdout)
+            sys.stdout.write(output)
         done, crashed = _read_log(log)
         cases += done
         skip += [r["nodeid"] for r in done]
         if crashed is None:
-            if proc.returncode not in (0, 1, 5):
-                raise RuntimeError(f"pytest on backend {name} ended with code {proc.returncode}:\n{proc.stdout[-4000:]}")
+            if returncode not in (0, 1, 5):
+                raise RuntimeError(f"pytest on backend {name} ended with code {returncode}:\n{output[-4000:]}")
             return cases
-        tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        what = (f"the case ran over {args.case_timeout:g} s and its interpreter was killed" if timed_out
+                else f"the interpreter died (exit code {returncode}) running this case")
         cases.append({"event": "result", "nodeid": crashed["nodeid"], "id": crashed["id"], "clauses": crashed["clauses"],
-                      "backend": name, "defect": crashed["defect"], "outcome": "crash", "duration_s": 0.0,
-                      "message": f"the interpreter died (exit code {proc.returncode}) running this case\n{tail}"})
+                      "backend": name, "defect": crashed["defect"], "outcome": "crash",
+                      "duration_s": round(time.time() - crashed["t"], 3), "message": f"{what}\n{tail}"})
         skip.append(crashed["nodeid"])
     raise RuntimeError(f"backend {name}: more than {MAX_RESTARTS} crashes, giving up")
 
@@ -172,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     c.add_argument("--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)")
+    c.add_argument("--case-timeout", type=float, default=900.0,
+                   help="seconds one check may run before its interpreter is killed and it is reported as a crash")
     c.set_defaults(func=certify)
     m = sub.add_parser("merge", help="merge the results of several shards or machines into one verdict")
     m.add_argument("shards", nargs="+", help="folders holding a results.json each")

@@ -49,19 +49,23 @@ def test_a_requested_backend_that_is_absent_is_not_a_pass(tmp_path):
     assert "nothing was certified" in log
 
 
-def test_a_crashing_case_is_isolated_and_the_run_goes_on(tmp_path):
+def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
     cases = tmp_path / "cases"
     cases.mkdir()
     (cases / "test_crash.py").write_text(
         "import os, pytest\n"
         "@pytest.mark.clause('BASE-01')\ndef test_before(backend):\n    assert True\n"
         "@pytest.mark.clause('BASE-02')\ndef test_crash(backend):\n    os.abort()\n"
+        "@pytest.mark.clause('BASE-02')\ndef test_hang(backend):\n    import time; time.sleep(600)\n"
         "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    assert True\n")
-    rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE")
+    rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE", "--case-timeout", "3")
     assert rc == 1, log
     outcome = {c["id"]: c["outcome"] for c in res["cases"]}
     assert outcome == {"test_crash.py::test_before": "pass", "test_crash.py::test_crash": "crash",
-                       "test_crash.py::test_after": "pass"}
+                       "test_crash.py::test_hang": "crash", "test_crash.py::test_after": "pass"}
+    messages = {c["id"]: c["message"] for c in res["cases"]}
+    assert "died" in messages["test_crash.py::test_crash"]
+    assert "ran over 3 s" in messages["test_crash.py::test_hang"]
     assert res["clauses"]["BASE-02"]["cpu"] == "crash"
     assert res["clauses"]["BASE-01"]["cpu"] == "not covered"  # --no-defects: not shown able to fail
 
