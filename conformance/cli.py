@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
     c.add_argument("--backend", default="cpu", help="cpu (default), cuda, vulkan, metal or all; comma-separated")
     c.add_argument("--out", type=Path, default=Path("conformance-results"))
-    c.add_argument("--clauses", default=None, help="certify only clauses with these comma-separated ID prefixes (e.g. BASE,CANCEL-0)")
+    c.add_argument("--clauses", default=None, help="certify only these clauses: comma-separated IDs, or prefixes of IDs (e.g. BASE,FAIL-04,TX-)")
     c.add_argument("--seed", type=int, default=0, help="seed of the generated models and data")
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")

@@ -70,9 +70,10 @@ def unknown_ids(ids: list[str] | tuple[str, ...]) -> list[str]:
     return [i for i in ids if i not in known]
 
 
-def select(prefixes: list[str] | None) -> list[str]:
-    """Clause IDs matching any of the prefixes (all when None), in registry order."""
+def select(patterns: list[str] | None) -> list[str]:
+    """Clause IDs in registry order (all when None) named by the patterns: a pattern that is a
+    clause ID names that clause alone ("FAIL-04"); any other names the IDs it begins ("FAIL", "TX-")."""
     ids = list(clauses())
-    if not prefixes:
+    if not patterns:
         return ids
-    return [i for i in ids if any(i.startswith(p) for p in prefixes)]
+    return [i for i in ids if any(i == p or (p not in ids and i.startswith(p)) for p in patterns)]

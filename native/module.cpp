@@ -254,6 +254,9 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
         .def_property_readonly("n_ubatch", [](const Context & self) { return llama_n_ubatch(self.get()); })
         .def_readonly("n_past", &Context::n_past)
+        .def_property_readonly("sequence_length", [](const Context & self) {
+            return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1;
+        })
         .def_readonly("has_trainer", &Context::has_trainer)
         .def("decode", &decode, py::arg("tokens"))
         .def("reset", [](Context & self) {

@@ -22,6 +22,9 @@ struct ResultDeleter {
 using ResultPtr = std::unique_ptr<ggml_opt_result, ResultDeleter>;
 
 ErrorKind kind_of_status(int32_t status) {
+    if (retro_mutant_on("FAIL-01")) {
+        return ErrorKind::InvalidState;  // seeded defect: every failure reads as one generic class
+    }
     switch (status) {
         case LLAMA_OPT_STATUS_BATCH_INIT:     return ErrorKind::BatchInit;
         case LLAMA_OPT_STATUS_MEMORY_INIT:    return ErrorKind::MemoryInit;
@@ -173,6 +176,16 @@ bool Trainer::poisoned() {
     return ggml_opt_backend_failed(llama_opt_get_context(ctx()));
 }
 
+py::object Trainer::gradient_accumulator(const std::string & name) {
+    llama_context * lctx = ctx();
+    const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
+    const ggml_tensor * acc = ggml_opt_param_grad_acc(llama_opt_get_context(lctx), t);
+    if (!acc) {
+        return py::none();
+    }
+    return tensor_to_numpy(acc);
+}
+
 py::object Trainer::moment(const std::string & name, int which) {
     llama_context * lctx = ctx();
     const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
@@ -250,6 +263,13 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                     if (status != LLAMA_OPT_STATUS_OK) {
                         failed_status = status;
                         stopped = true;
+                        if (retro_mutant_on("FAIL-02") && !progress.is_none()) {
+                            py::gil_scoped_acquire acquire;  // seeded defect: the failed step is reported as done
+                            progress(train, done + 1, total);
+                        }
+                        if (retro_mutant_on("FAIL-03")) {
+                            ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);  // seeded defect: the cursor moves on
+                        }
                         break;
                     }
                     ++done;
@@ -282,8 +302,9 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
             }
         }
     }
-    if (stopped && !ggml_opt_backend_failed(opt) && !keep_partial) {
-        // an incomplete accumulation period must not reach a later call
+    if (stopped && failed_status == LLAMA_OPT_STATUS_OK && !keep_partial) {
+        // cancelled: an incomplete accumulation period must not reach a later call (a failed step
+        // was abandoned at its update boundary by llama_opt_micro_batch itself)
         ggml_opt_discard_period(opt);
     }
     llama_opt_clear_stop(lctx);
@@ -357,7 +378,8 @@ void bind_training(py::module_ & m) {
         .def_property_readonly("period_position", &Trainer::period_position)
         .def_property_readonly("poisoned", &Trainer::poisoned)
         .def("set_lr", &Trainer::set_lr)
-        .def("moment", &Trainer::moment, py::arg("name"), py::arg("which"));
+        .def("moment", &Trainer::moment, py::arg("name"), py::arg("which"))
+        .def("gradient_accumulator", &Trainer::gradient_accumulator, py::arg("name"));
 }
 
 }  // namespace retro

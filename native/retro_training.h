@@ -51,8 +51,10 @@ public:
     bool poisoned();
     void set_lr(float lr) { opt_.lr = lr; }
 
-    // AdamW moments of a parameter tensor (empty when there are none yet)
+    // AdamW moments of a parameter tensor (None when there are none yet)
     pybind11::object moment(const std::string & name, int which);
+    // the gradient accumulator of a parameter tensor (None when there is none yet)
+    pybind11::object gradient_accumulator(const std::string & name);
 
 private:
     llama_context * ctx() const;

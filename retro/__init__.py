@@ -15,7 +15,22 @@ from ._native_logs import recent_errors
 from .context import Context
 from .datasets import TokenDataset
 from .devices import Device, devices
-from .errors import *  # noqa: F403
+from .errors import (
+    AllocationError,
+    BatchInitError,
+    BeforeComputeError,
+    ComputeError,
+    ContextError,
+    DecodeError,
+    GraphBuildError,
+    InvalidStateError,
+    MemoryInitError,
+    ModelLoadError,
+    OutputReserveError,
+    PoisonedTrainerError,
+    RetroError,
+    TrainingError,
+)
 from .errors import __all__ as _errors
 from .model import Model
 from .training import SGD, AdamW, EpochMetrics, Progress, Trainer

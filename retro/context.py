@@ -49,8 +49,13 @@ class Context(NativeHandle):
 
     @property
     def n_past(self) -> int:
-        """Tokens of the current sequence already in the KV cache."""
+        """Tokens of the current sequence decoded through this binding."""
         return int(self._h.n_past)
+
+    @property
+    def sequence_length(self) -> int:
+        """Positions of sequence 0 held in the KV cache (0 when it is empty), as llama.cpp sees it."""
+        return int(self._h.sequence_length)
 
     @forwarding
     def decode(self, tokens: np.ndarray | list[int]) -> np.ndarray:

@@ -65,4 +65,19 @@ class PoisonedTrainerError(TrainingError):
     """Refused: an earlier backend compute failed on this trainer."""
 
 
-__all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, Exception)]
+__all__ = [
+    "RetroError",
+    "ModelLoadError",
+    "ContextError",
+    "DecodeError",
+    "InvalidStateError",
+    "TrainingError",
+    "BeforeComputeError",
+    "BatchInitError",
+    "MemoryInitError",
+    "OutputReserveError",
+    "GraphBuildError",
+    "AllocationError",
+    "ComputeError",
+    "PoisonedTrainerError",
+]

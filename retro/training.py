@@ -136,6 +136,14 @@ class Trainer(NativeHandle):
         m, v = self._h.moment(name, 0), self._h.moment(name, 1)
         return None if m is None or v is None else (m, v)
 
+    @forwarding
+    def gradient_accumulator(self, name: str) -> np.ndarray | None:
+        """The gradient accumulated for a weight in the current period, or None (not trained, or
+        before the first backward pass)."""
+        if not isinstance(name, str):
+            raise TypeError("name must be a str")
+        return self._h.gradient_accumulator(name)
+
     # -- training -----------------------------------------------------------------------------
     def _split(self, dataset: TokenDataset, val_fraction: float) -> int:
         if not isinstance(dataset, TokenDataset):

@@ -194,3 +194,11 @@ def test_missing_cpu_features_are_named(tmp_path, monkeypatch):
     assert _cpu.missing_features(str(info)) == []
     monkeypatch.setattr(_cpu.platform, "machine", lambda: "aarch64")
     assert _cpu.missing_features(str(tmp_path / "absent")) == []
+
+
+def test_every_error_class_is_exported():
+    import retro.errors
+
+    for name in retro.errors.__all__:
+        assert getattr(retro, name) is getattr(retro.errors, name)
+    assert {c.__name__ for c in retro.errors.RetroError.__subclasses__()} <= set(retro.errors.__all__)

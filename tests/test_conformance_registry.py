@@ -38,6 +38,8 @@ def test_every_seeded_defect_names_a_clause_and_says_where_it_lives():
 
 def test_selection_by_prefix():
     assert registry.select(["BASE"]) == ["BASE-01", "BASE-02", "BASE-03"]
-    assert registry.select(["FAIL-04"])[0] == "FAIL-04" and len(registry.select(["FAIL-04"])) == 7
+    assert registry.select(["FAIL-04"]) == ["FAIL-04"]
+    assert registry.select(["FAIL-04a", "FAIL-04b"]) == ["FAIL-04a", "FAIL-04b"]
+    assert len(registry.select(["FAIL"])) == 14 and len(registry.select(["TX-"])) == 29
     assert registry.select(None) == list(registry.clauses())
     assert registry.unknown_ids(["BASE-01", "NOPE-01"]) == ["NOPE-01"]
