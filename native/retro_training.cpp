@@ -236,6 +236,16 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     const bool keep_partial    = retro_mutant_on("CANCEL-04");
     const bool eval_after_stop = retro_mutant_on("CANCEL-05");
     const bool count_planned   = retro_mutant_on("CANCEL-06");
+    // seeded defect FAIL-06: a failed call rolls back the steps it completed
+    std::vector<std::pair<ggml_tensor *, std::vector<uint8_t>>> rollback;
+    if (retro_mutant_on("FAIL-06")) {
+        const llama_model * model = context_->model->get();
+        for (int32_t i = 0; i < llama_model_n_tensors(model); ++i) {
+            ggml_tensor * t = llama_model_get_tensor(model, i);
+            rollback.emplace_back(t, std::vector<uint8_t>(ggml_nbytes(t)));
+            ggml_backend_tensor_get(t, rollback.back().second.data(), 0, ggml_nbytes(t));
+        }
+    }
 
     clear_recent_errors();
     llama_opt_clear_stop(lctx);
@@ -316,6 +326,9 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
         throw std::move(*callback_error);
     }
     if (failed_status != LLAMA_OPT_STATUS_OK) {
+        for (auto & [t, bytes] : rollback) {
+            ggml_backend_tensor_set(t, bytes.data(), 0, bytes.size());
+        }
         throw Error(kind_of_status(failed_status), with_diagnostic(status_text(failed_status)));
     }
 

@@ -130,3 +130,24 @@ def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed):
             with pytest.raises(retro.PoisonedTrainerError):
                 tr.epoch(ds)
         assert fi.hits("compute") == computes, "a poisoned trainer reached the backend"
+
+
+@pytest.mark.clause("FAIL-06")
+@pytest.mark.parametrize("site", list(BEFORE_COMPUTE))
+def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed, site):
+    """A before-compute failure at micro-batch k (one window each, accumulation 1): the
+    parameters equal those of a run that completed the first k-1 micro-batches. (After a backend
+    compute failure the parameters may be partly written: FAIL-07, not this clause.)"""
+    with support.load(backend, model_path, trainable=False) as probe:
+        ds = support.windows(4, 256, probe.n_vocab, seed + 26)
+    k = 3
+    with support.load(backend, model_path) as model, support.context(model) as ctx, _trainer(ctx) as tr:
+        fi.arm(site, k)
+        with pytest.raises(retro.TrainingError):
+            tr.epoch(ds)
+        failed = model.parameters()
+    with support.load(backend, model_path) as model, support.context(model) as ctx, _trainer(ctx) as tr:
+        fi.reset()
+        tr.epoch(support.subset(ds, slice(0, k - 1)))
+        completed = model.parameters()
+    support.assert_params_equal(failed, completed, backend, f"{site} failure at {k} vs the {k - 1} steps before it")
