@@ -236,6 +236,8 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     const bool keep_partial    = retro_mutant_on("CANCEL-04");
     const bool eval_after_stop = retro_mutant_on("CANCEL-05");
     const bool count_planned   = retro_mutant_on("CANCEL-06");
+    const bool report_failed   = retro_mutant_on("FAIL-02");
+    const bool advance_failed  = retro_mutant_on("FAIL-03");
     // seeded defect FAIL-06: a failed call rolls back the steps it completed
     std::vector<std::pair<ggml_tensor *, std::vector<uint8_t>>> rollback;
     if (retro_mutant_on("FAIL-06")) {
@@ -273,11 +275,14 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                     if (status != LLAMA_OPT_STATUS_OK) {
                         failed_status = status;
                         stopped = true;
-                        if (retro_mutant_on("FAIL-02") && !progress.is_none()) {
+                        if (report_failed && !progress.is_none()) {
                             py::gil_scoped_acquire acquire;  // seeded defect: the failed step is reported as done
-                            progress(train, done + 1, total);
+                            try {
+                                progress(train, done + 1, total);
+                            } catch (py::error_already_set &) {
+                            }
                         }
-                        if (retro_mutant_on("FAIL-03")) {
+                        if (advance_failed) {
                             ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);  // seeded defect: the cursor moves on
                         }
                         break;
