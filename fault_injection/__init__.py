@@ -15,10 +15,12 @@ from retro._native import hooks as _hooks
 
 #: every site compiled into the fork (vendor/patches/0007), in the order a training step meets them
 SITES = ("batch_init", "memory_init", "output_reserve", "graph_build", "alloc", "compute")
+#: events the training loop counts but never fails (read with `hits`)
+COUNTERS = ("stop_request", "limiter_sleep")
 
 
-def _check_site(site: str) -> str:
-    if site not in SITES:
+def _check_site(site: str, *, counters: bool = False) -> str:
+    if site not in SITES and not (counters and site in COUNTERS):
         raise ValueError(f"unknown fault site {site!r}; known: {', '.join(SITES)}")
     return site
 
@@ -36,7 +38,8 @@ def reset() -> None:
 
 
 def hits(site: str) -> int:
-    return int(_hooks.hits(_check_site(site)))
+    """Hits of a fault site, or occurrences of a counted event, since the last reset."""
+    return int(_hooks.hits(_check_site(site, counters=True)))
 
 
 def failures(site: str) -> int:

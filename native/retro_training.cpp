@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 #include <optional>
+#include <thread>
 
 namespace py = pybind11;
 
@@ -196,9 +198,67 @@ py::object Trainer::moment(const std::string & name, int which) {
     return tensor_to_numpy(m);
 }
 
+namespace {
+
+// One epoch call's callback scope. The runtime's epoch callback has upstream's void signature, so
+// it finds the caller's progress callback here: a thread-local stack, one entry per (possibly
+// nested) epoch call, popped on every exit (CANCEL-08).
+struct ProgressScope {
+    std::shared_ptr<Context> context;
+    py::object progress;                                // None: no progress callback
+    std::optional<py::error_already_set> error;         // what progress raised, re-raised on return
+};
+
+// leaked on purpose: entries hold Python objects, which must not be released at thread exit
+thread_local std::vector<std::shared_ptr<ProgressScope>> * t_scopes = nullptr;
+
+std::vector<std::shared_ptr<ProgressScope>> & scopes() {
+    if (!t_scopes) {
+        t_scopes = new std::vector<std::shared_ptr<ProgressScope>>();
+    }
+    return *t_scopes;
+}
+
+void request_stop(ProgressScope & scope) {
+    if (scope.context && scope.context->ctx) {
+        retro_count("stop_request");
+        llama_opt_request_stop(scope.context->ctx);
+    }
+}
+
+// The runtime's epoch callback (upstream ggml_opt_epoch_callback): calls the progress callback of
+// the innermost scope; False, or an exception, requests the stop.
+void runtime_epoch_callback(bool train, ggml_opt_context_t, ggml_opt_dataset_t, ggml_opt_result_t,
+                            int64_t ibatch, int64_t ibatch_max, int64_t) {
+    if (!t_scopes || t_scopes->empty()) {
+        return;
+    }
+    ProgressScope & scope = *t_scopes->back();
+    py::gil_scoped_acquire acquire;
+    if (scope.progress.is_none()) {
+        return;
+    }
+    try {
+        py::object r = scope.progress(train, ibatch, ibatch_max);
+        if (r.is(py::bool_(false))) {
+            request_stop(scope);
+            if (retro_mutant_on("CANCEL-01")) {
+                request_stop(scope);  // seeded defect: the stop is requested twice
+            }
+        }
+    } catch (py::error_already_set & err) {
+        if (!scope.error) {
+            scope.error.emplace(std::move(err));
+        }
+        request_stop(scope);
+    }
+}
+
+}  // namespace
+
 EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                             py::array_t<int32_t, py::array::c_style> labels,
-                            int64_t n_train, py::object progress) {
+                            int64_t n_train, py::object progress, uintptr_t epoch_callback, double duty_cycle) {
     llama_context * lctx = ctx();
     ggml_opt_context_t opt = llama_opt_get_context(lctx);
     const int64_t n_ctx    = llama_n_ctx(lctx);
@@ -214,6 +274,9 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     if (width <= 0 || width > n_ctx || width % n_ubatch != 0 || n_train < 0 || n_train > n_windows) {
         throw std::invalid_argument("window width must be a multiple of n_ubatch no larger than n_ctx");
     }
+    if (!(duty_cycle > 0.0 && duty_cycle <= 1.0)) {
+        throw std::invalid_argument("duty_cycle must be in (0, 1]");
+    }
     if (ggml_opt_backend_failed(opt)) {
         throw Error(ErrorKind::Poisoned, status_text(LLAMA_OPT_STATUS_POISONED));
     }
@@ -221,13 +284,13 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     const int32_t * tok = tokens.data();
     const int32_t * lab = labels.data();
     const int64_t per_window = width / n_ubatch;
+    const auto caller_callback = reinterpret_cast<ggml_opt_epoch_callback>(epoch_callback);
     ResultPtr result_train(ggml_opt_result_init());
     ResultPtr result_eval(ggml_opt_result_init());
 
     EpochMetrics m;
     const int64_t iter0 = ggml_opt_get_iter(opt);
     int32_t failed_status = LLAMA_OPT_STATUS_OK;
-    std::optional<py::error_already_set> callback_error;
     bool stopped = false;
     const auto t0 = std::chrono::steady_clock::now();
 
@@ -236,6 +299,8 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     const bool keep_partial    = retro_mutant_on("CANCEL-04");
     const bool eval_after_stop = retro_mutant_on("CANCEL-05");
     const bool count_planned   = retro_mutant_on("CANCEL-06");
+    const bool sleep_on_exit   = retro_mutant_on("CANCEL-07");
+    const bool keep_scope      = retro_mutant_on("CANCEL-08");
     const bool report_failed   = retro_mutant_on("FAIL-02");
     const bool advance_failed  = retro_mutant_on("FAIL-03");
     // seeded defect FAIL-06: a failed call rolls back the steps it completed
@@ -249,12 +314,15 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
         }
     }
 
+    auto scope = std::make_shared<ProgressScope>(ProgressScope{context_, progress, std::nullopt});
+    scopes().push_back(scope);
     clear_recent_errors();
     llama_opt_clear_stop(lctx);
+    double debt_s = 0.0;  // sleep owed by the duty-cycle limiter, paid before the next compute
     {
         py::gil_scoped_release release;
         for (int phase = 0; phase < 2 && failed_status == LLAMA_OPT_STATUS_OK; ++phase) {
-            if (stopped && phase == 1 && eval_after_stop && !callback_error) {
+            if (stopped && phase == 1 && eval_after_stop && !scope->error) {
                 stopped = false;
                 llama_opt_clear_stop(lctx);
             }
@@ -265,27 +333,35 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
             const int64_t w_begin = train ? 0 : n_train;
             const int64_t w_end   = train ? n_train : n_windows;
             const int64_t total   = (w_end - w_begin) * per_window;
+            const int64_t t_phase_us = ggml_time_us();
             int64_t done = 0;
             ggml_opt_result_t result = train ? result_train.get() : result_eval.get();
             for (int64_t w = w_begin; w < w_end && !stopped; ++w) {
                 for (int64_t k = 0; k < per_window; ++k) {
+                    if (debt_s > 0.0) {
+                        retro_count("limiter_sleep");
+                        std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));
+                        m.throttle_s += debt_s;
+                        debt_s = 0.0;
+                    }
                     const int64_t off = w * width + k * n_ubatch;
+                    const auto t_mb = std::chrono::steady_clock::now();
                     const int32_t status = llama_opt_micro_batch(lctx, tok + off, lab + off, (int32_t) n_ubatch,
                                                                  (llama_pos) (k * n_ubatch), train, result);
                     if (status != LLAMA_OPT_STATUS_OK) {
                         failed_status = status;
                         stopped = true;
-                        if (report_failed && !progress.is_none()) {
-                            py::gil_scoped_acquire acquire;  // seeded defect: the failed step is reported as done
-                            try {
-                                progress(train, done + 1, total);
-                            } catch (py::error_already_set &) {
-                            }
+                        if (report_failed) {  // seeded defect: the failed step is reported as done
+                            runtime_epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
                         }
                         if (advance_failed) {
                             ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);  // seeded defect: the cursor moves on
                         }
                         break;
+                    }
+                    if (duty_cycle < 1.0) {
+                        const double compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_mb).count();
+                        debt_s += compute_s * (1.0 - duty_cycle) / duty_cycle;
                     }
                     ++done;
                     (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
@@ -296,18 +372,10 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                         stopped = true;  // seeded defect: a request seen only after one more compute
                         break;
                     }
-                    if (!progress.is_none()) {
-                        py::gil_scoped_acquire acquire;
-                        try {
-                            py::object r = progress(train, done, total);
-                            if (r.is(py::bool_(false))) {
-                                llama_opt_request_stop(lctx);
-                            }
-                        } catch (py::error_already_set & err) {
-                            callback_error.emplace(std::move(err));
-                            llama_opt_request_stop(lctx);
-                        }
+                    if (caller_callback) {
+                        caller_callback(train, opt, nullptr, result, done, total, t_phase_us);
                     }
+                    runtime_epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
                     // the stop request is checked after each micro-batch callback, before the next compute
                     if (!late_stop_check && llama_opt_stop_requested(lctx)) {
                         stopped = true;
@@ -316,6 +384,17 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
                 }
             }
         }
+        if (sleep_on_exit && debt_s > 0.0) {
+            retro_count("limiter_sleep");  // seeded defect: the debt is slept on the way out
+            std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));
+            m.throttle_s += debt_s;
+        }
+        // otherwise the debt is dropped: nothing follows that it would pace
+    }
+    const bool clean_exit = !stopped && !scope->error && failed_status == LLAMA_OPT_STATUS_OK;
+    if (!keep_scope || clean_exit) {  // seeded defect CANCEL-08: the scope survives an early exit
+        auto & stack = scopes();
+        stack.erase(std::find(stack.begin(), stack.end(), scope));
     }
     if (stopped && failed_status == LLAMA_OPT_STATUS_OK && !keep_partial) {
         // cancelled: an incomplete accumulation period must not reach a later call (a failed step
@@ -327,8 +406,10 @@ EpochMetrics Trainer::epoch(py::array_t<int32_t, py::array::c_style> tokens,
     llama_memory_clear(llama_get_memory(lctx), true);
     context_->n_past = 0;
 
-    if (callback_error) {
-        throw std::move(*callback_error);
+    if (scope->error) {
+        py::error_already_set err = std::move(*scope->error);
+        scope->error.reset();
+        throw err;
     }
     if (failed_status != LLAMA_OPT_STATUS_OK) {
         for (auto & [t, bytes] : rollback) {
@@ -384,12 +465,14 @@ void bind_training(py::module_ & m) {
         .def_readonly("logical_tokens", &EpochMetrics::logical_tokens)
         .def_readonly("physical_tokens", &EpochMetrics::physical_tokens)
         .def_readonly("epoch_complete", &EpochMetrics::epoch_complete)
-        .def_readonly("elapsed_s", &EpochMetrics::elapsed_s);
+        .def_readonly("elapsed_s", &EpochMetrics::elapsed_s)
+        .def_readonly("throttle_s", &EpochMetrics::throttle_s);
 
     py::class_<Trainer>(m, "Trainer")
         .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(),
              py::arg("context"), py::arg("optimizer"), py::arg("accumulation"))
-        .def("epoch", &Trainer::epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"))
+        .def("epoch", &Trainer::epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
+             py::arg("epoch_callback"), py::arg("duty_cycle"))
         .def("close", &Trainer::close)
         .def_property_readonly("closed", &Trainer::closed)
         .def_property_readonly("iteration", &Trainer::iteration)

@@ -32,6 +32,7 @@ struct EpochMetrics {
     int64_t physical_tokens     = 0;
     bool    epoch_complete      = false;
     double  elapsed_s           = 0.0;
+    double  throttle_s          = 0.0;  // slept by the duty-cycle limiter
 };
 
 class Trainer {
@@ -40,9 +41,12 @@ public:
     ~Trainer();
 
     // tokens/labels: [n_windows, n_ctx] int32; windows [0, n_train) train, the rest evaluate.
+    // progress(train, done, total) -> bool is reached through the runtime's epoch callback (upstream
+    // ggml_opt_epoch_callback signature) and a thread-local scope; epoch_callback, if not 0, is the
+    // address of the caller's own C epoch callback. duty_cycle < 1 throttles compute to that share.
     EpochMetrics epoch(pybind11::array_t<int32_t, pybind11::array::c_style> tokens,
                        pybind11::array_t<int32_t, pybind11::array::c_style> labels,
-                       int64_t n_train, pybind11::object progress);
+                       int64_t n_train, pybind11::object progress, uintptr_t epoch_callback, double duty_cycle);
 
     void close();
     bool closed() const { return !context_; }

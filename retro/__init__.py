@@ -33,7 +33,7 @@ from .errors import (
 )
 from .errors import __all__ as _errors
 from .model import Model
-from .training import SGD, AdamW, EpochMetrics, Progress, Trainer
+from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Trainer
 
 __version__ = "0.1.0"
 
@@ -45,5 +45,5 @@ def build_info() -> dict[str, Any]:
     return info
 
 
-__all__ = ["AdamW", "Context", "Device", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
+__all__ = ["AdamW", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
            "build_info", "devices", "recent_errors", *_errors]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import _ctypes
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +58,12 @@ class Progress(NamedTuple):
 
 ProgressCallback = Callable[[Progress], "bool | None"]
 
+#: ctypes type of a C-level epoch callback with upstream ggml's signature (ggml_opt_epoch_callback):
+#: (train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us) -> void. It is called after
+#: every micro-batch, before the progress callback; it cannot cancel (the signature is void).
+EpochCallback = ctypes.CFUNCTYPE(None, ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+
 
 @dataclass(frozen=True)
 class EpochMetrics:
@@ -75,6 +83,7 @@ class EpochMetrics:
     physical_tokens: int  # tokens sent to compute, padding included
     epoch_complete: bool
     elapsed_s: float
+    throttle_s: float  # slept by the duty-cycle limiter
 
     @property
     def micro_batches(self) -> int:
@@ -84,11 +93,16 @@ class EpochMetrics:
 class Trainer(NativeHandle):
     """Trains every trainable weight of a context's model (see :class:`retro.Model` for the
     limits of the pinned llama.cpp). ``accumulation`` micro-batches of ``n_ubatch`` tokens make one
-    optimizer step. One trainer per context at a time; close it to create another."""
+    optimizer step. One trainer per context at a time; close it to create another.
+
+    ``duty_cycle`` < 1 throttles training to that share of wall time: after each micro-batch the
+    limiter owes ``compute_time * (1 - duty) / duty`` of sleep, paid before the next compute and
+    dropped, not slept, when the call returns."""
 
     _h: _native.Trainer
 
-    def __init__(self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1) -> None:
+    def __init__(self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1,
+                 duty_cycle: float = 1.0) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
         optimizer = AdamW() if optimizer is None else optimizer
@@ -96,6 +110,7 @@ class Trainer(NativeHandle):
             raise TypeError("optimizer must be retro.AdamW or retro.SGD")
         settings = optimizer._settings()
         accumulation = _checks.integer("accumulation", accumulation, minimum=1)
+        self.duty_cycle = _checks.real("duty_cycle", duty_cycle, low=0.0, high=1.0, low_open=True)
         if context.closed:
             raise ValueError("the context is closed")
         if not context.model.trainable:
@@ -165,19 +180,24 @@ class Trainer(NativeHandle):
 
     @forwarding
     def epoch(self, dataset: TokenDataset, *, val_fraction: float = 0.0,
-              progress: ProgressCallback | None = None) -> EpochMetrics:
+              progress: ProgressCallback | None = None,
+              epoch_callback: _ctypes.CFuncPtr | None = None) -> EpochMetrics:
         """Train on the front of the dataset and evaluate on its last ``val_fraction``.
 
         ``progress`` is called after every micro-batch with a :class:`Progress`; returning False
         cancels: the finished micro-batch stays applied, an incomplete accumulation period is
         discarded, the rest (evaluation included) is skipped and the metrics say
         ``epoch_complete=False``. An exception raised by ``progress`` cancels the same way and is
-        re-raised here."""
+        re-raised here. ``epoch_callback`` (a :data:`EpochCallback`) is called after every
+        micro-batch with upstream ggml's arguments."""
         n_train = self._split(dataset, val_fraction)
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable")
+        if epoch_callback is not None and not isinstance(epoch_callback, EpochCallback):
+            raise TypeError("epoch_callback must be a retro.EpochCallback (ctypes) function")
         native_progress = None if progress is None else _wrap_progress(progress)
-        m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress)
+        address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0
+        m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress, address, self.duty_cycle)
         return EpochMetrics(
             train_loss=m.train_loss, train_loss_unc=m.train_loss_unc, train_accuracy=m.train_accuracy,
             eval_loss=m.eval_loss if m.has_eval else None,
@@ -185,7 +205,8 @@ class Trainer(NativeHandle):
             eval_accuracy=m.eval_accuracy if m.has_eval else None,
             train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
             optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
-            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s)
+            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s,
+            throttle_s=m.throttle_s)
 
 
 def _wrap_progress(progress: ProgressCallback) -> Callable[[bool, int, int], bool]:

@@ -166,3 +166,26 @@ def test_sgd_step_moves_weights_by_lr_times_gradient(ctx):
                 tr.epoch(ds)
             deltas.append(m.tensor("output.weight") - w0)
     np.testing.assert_allclose(deltas[1], 2 * deltas[0], rtol=1e-3, atol=1e-7)
+
+
+def test_duty_cycle_and_epoch_callback_are_validated(ctx):
+    for bad in (0.0, -0.5, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            retro.Trainer(ctx, duty_cycle=bad)
+    with retro.Trainer(ctx, duty_cycle=0.5) as tr:
+        with pytest.raises(TypeError, match="EpochCallback"):
+            tr.epoch(dataset(1), epoch_callback=lambda *a: None)
+        m = tr.epoch(dataset(1))
+        assert m.throttle_s > 0 and m.epoch_complete
+
+
+def test_an_epoch_callback_sees_every_micro_batch(ctx):
+    seen = []
+
+    @retro.EpochCallback
+    def cb(train, opt_ctx, dataset_, result, ibatch, ibatch_max, t_start_us):
+        seen.append((train, ibatch, ibatch_max))
+
+    with retro.Trainer(ctx) as tr:
+        tr.epoch(dataset(2), val_fraction=0.5, epoch_callback=cb)
+    assert seen == [(True, k, 4) for k in range(1, 5)] + [(False, k, 4) for k in range(1, 5)]

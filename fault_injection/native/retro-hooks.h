@@ -24,6 +24,9 @@ RETRO_HOOKS_API void retro_fault_arm(const char * site, int64_t hit, bool persis
 // Disarm every site and zero every hit counter.
 RETRO_HOOKS_API void retro_fault_reset(void);
 
+// Count an event that is never failed (a stop request, a limiter sleep): read with retro_fault_hits.
+RETRO_HOOKS_API void retro_count(const char * site);
+
 // Hits counted at `site` since the last reset, and how many of them were failed.
 RETRO_HOOKS_API int64_t retro_fault_hits(const char * site);
 RETRO_HOOKS_API int64_t retro_fault_failures(const char * site);

@@ -31,6 +31,11 @@ bool retro_fault_hit(const char * site) {
     return fail;
 }
 
+void retro_count(const char * site) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_sites[site].hits += 1;
+}
+
 void retro_fault_arm(const char * site, int64_t hit, bool persistent) {
     std::lock_guard<std::mutex> lock(g_mutex);
     site_state & s = g_sites[site];
