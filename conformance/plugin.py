@@ -108,6 +108,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+    if any(i.get_closest_marker("clause") for i in items):
+        discovered(config)  # load the binding now, not inside the first case's time budget
     for item in items:
         marker = item.get_closest_marker("clause")
         callspec = getattr(item, "callspec", None)
