@@ -151,7 +151,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     try:
         yield
-    except AssertionError as err:
+    except (AssertionError, pytest.fail.Exception) as err:  # a failed assertion, or pytest.raises/fail
         first = (str(err).strip().splitlines() or ["assertion failed"])[0]
         meta.message = f"seeded defect {meta.variant.defect} caught: {first[:300]}"
         return None

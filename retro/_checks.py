@@ -9,8 +9,15 @@ import os
 
 import numpy as np
 
+from . import _native
+
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+
+
+def seeded(clause: str) -> bool:
+    """True while the conformance suite has switched on the seeded defect for `clause`."""
+    return bool(_native.hooks.mutant_on(clause))
 
 
 def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
@@ -18,6 +25,8 @@ def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     v = int(value)
+    if seeded("SHAPE-02"):
+        v = (v + 2**31) % 2**32 - 2**31  # seeded defect: a C-style narrowing cast to int32
     if v > maximum:
         raise OverflowError(f"{name}={v} exceeds the native limit {maximum}")
     if v < minimum:
@@ -44,7 +53,11 @@ def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndar
         raise TypeError(f"{name} must hold integers, not {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if seeded("SHAPE-02"):
+        arr = arr.astype(np.int32)  # seeded defect: a silent narrowing cast
     lo, hi = int(arr.min()), int(arr.max())
+    if hi > INT32_MAX:
+        raise OverflowError(f"{name} holds ids past the int32 range (max {hi})")
     if lo < 0 or hi >= n_vocab:
         raise ValueError(f"{name} holds ids outside [0, {n_vocab}): min {lo}, max {hi}")
     return np.ascontiguousarray(arr, dtype=np.int32)

@@ -26,8 +26,10 @@ class TokenDataset:
             raise TypeError(f"tokens must hold integers, not {arr.dtype}")
         if arr.ndim != 1:
             raise ValueError(f"tokens must be a 1-D stream, got shape {arr.shape}")
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _checks.INT32_MAX):
-            raise OverflowError("token ids must fit int32 and be >= 0")
+        if arr.size and int(arr.max()) > _checks.INT32_MAX:
+            raise OverflowError("token ids must fit int32")
+        if arr.size and int(arr.min()) < 0:
+            raise ValueError("token ids must be >= 0")
         width = _checks.integer("width", width, minimum=1)
         stride = width if stride is None else _checks.integer("stride", stride, minimum=1)
         if arr.size < width + 1:

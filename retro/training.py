@@ -173,8 +173,9 @@ class Trainer(NativeHandle):
         if n_ubatch == n_ctx and width != n_ctx:
             raise ValueError(f"with n_ubatch == n_ctx every window must hold exactly n_ctx ({n_ctx}) tokens")
         n_vocab = self.context.model.n_vocab
-        _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
-        _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
+        if not _checks.seeded("SHAPE-01"):  # seeded defect: token ids left to the native loop
+            _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
+            _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
         _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
         return dataset.n_windows - int(math.ceil(dataset.n_windows * frac)) if frac else dataset.n_windows
 
