@@ -240,6 +240,9 @@ PYBIND11_MODULE(_native, m) {
         .def("detokenize", &detokenize, py::arg("tokens"), py::arg("render_special"))
         .def("tensor_names", &tensor_names)
         .def("tensor", [](const Model & self, const std::string & name) { return tensor_to_numpy(find_model_tensor(self.get(), name)); })
+        .def("set_tensor", [](const Model & self, const std::string & name, py::array_t<float, py::array::c_style> values) {
+            numpy_to_tensor(const_cast<ggml_tensor *>(find_model_tensor(self.get(), name)), values);
+        })
         .def("save", [](const Model & self, const std::string & path) {
             clear_recent_errors();
             py::gil_scoped_release release;

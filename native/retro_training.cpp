@@ -93,6 +93,14 @@ py::array_t<float> tensor_to_numpy(const ggml_tensor * t) {
     return out;
 }
 
+void numpy_to_tensor(ggml_tensor * t, const py::array_t<float, py::array::c_style> & values) {
+    if (t->type != GGML_TYPE_F32 || (int64_t) values.size() != ggml_nelements(t)) {
+        throw std::invalid_argument(std::string("cannot write ") + std::to_string(values.size()) +
+                                    " float32 values into tensor '" + ggml_get_name(t) + "'");
+    }
+    ggml_backend_tensor_set(t, values.data(), 0, ggml_nbytes(t));
+}
+
 Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation)
     : context_(std::move(context)), opt_(opt), accumulation_(accumulation) {
     llama_context * lctx = context_->get();
@@ -186,6 +194,36 @@ py::object Trainer::gradient_accumulator(const std::string & name) {
         return py::none();
     }
     return tensor_to_numpy(acc);
+}
+
+void Trainer::prepare_state() {
+    llama_context * lctx = ctx();
+    clear_recent_errors();
+    int32_t status;
+    {
+        py::gil_scoped_release release;
+        status = llama_opt_prepare_state(lctx);
+    }
+    if (status != LLAMA_OPT_STATUS_OK) {
+        throw Error(kind_of_status(status), with_diagnostic(status_text(status)));
+    }
+}
+
+void Trainer::set_moment(const std::string & name, int which, py::array_t<float, py::array::c_style> values) {
+    llama_context * lctx = ctx();
+    const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
+    ggml_tensor * m = ggml_opt_param_moment(llama_opt_get_context(lctx), t, which);
+    if (!m) {
+        throw Error(ErrorKind::InvalidState, "no optimizer moment for '" + name + "' (prepare the state first)");
+    }
+    numpy_to_tensor(m, values);
+}
+
+void Trainer::set_iteration(int64_t iteration) {
+    if (iteration < 1) {
+        throw std::invalid_argument("the optimizer iteration starts at 1");
+    }
+    ggml_opt_set_iter(llama_opt_get_context(ctx()), iteration);
 }
 
 py::object Trainer::moment(const std::string & name, int which) {
@@ -480,7 +518,10 @@ void bind_training(py::module_ & m) {
         .def_property_readonly("poisoned", &Trainer::poisoned)
         .def("set_lr", &Trainer::set_lr)
         .def("moment", &Trainer::moment, py::arg("name"), py::arg("which"))
-        .def("gradient_accumulator", &Trainer::gradient_accumulator, py::arg("name"));
+        .def("gradient_accumulator", &Trainer::gradient_accumulator, py::arg("name"))
+        .def("prepare_state", &Trainer::prepare_state)
+        .def("set_moment", &Trainer::set_moment, py::arg("name"), py::arg("which"), py::arg("values"))
+        .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"));
 }
 
 }  // namespace retro

@@ -60,6 +60,11 @@ public:
     // the gradient accumulator of a parameter tensor (None when there is none yet)
     pybind11::object gradient_accumulator(const std::string & name);
 
+    // checkpoint restore: create the optimizer state, then write moments and the cursor
+    void prepare_state();
+    void set_moment(const std::string & name, int which, pybind11::array_t<float, pybind11::array::c_style> values);
+    void set_iteration(int64_t iteration);
+
 private:
     llama_context * ctx() const;
     static ggml_opt_optimizer_params optimizer_params(void * self);
@@ -73,6 +78,8 @@ void bind_training(pybind11::module_ & m);
 
 // float32 copy of a tensor (any backend) as a numpy array with the tensor's shape, outermost first
 pybind11::array_t<float> tensor_to_numpy(const ggml_tensor * t);
+// write a float32 array of exactly the tensor's element count into an f32 tensor
+void numpy_to_tensor(ggml_tensor * t, const pybind11::array_t<float, pybind11::array::c_style> & values);
 const ggml_tensor * find_model_tensor(const llama_model * model, const std::string & name);
 
 }  // namespace retro

@@ -12,6 +12,7 @@ _cpu.check()
 
 from . import _native  # noqa: E402  (after the CPU check: the library uses AVX2 once loaded)
 from ._native_logs import recent_errors
+from .checkpoint import Checkpoint
 from .context import Context
 from .datasets import TokenDataset
 from .devices import Device, devices
@@ -45,5 +46,5 @@ def build_info() -> dict[str, Any]:
     return info
 
 
-__all__ = ["AdamW", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
+__all__ = ["AdamW", "Checkpoint", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
            "build_info", "devices", "recent_errors", *_errors]

@@ -189,3 +189,34 @@ def test_an_epoch_callback_sees_every_micro_batch(ctx):
     with retro.Trainer(ctx) as tr:
         tr.epoch(dataset(2), val_fraction=0.5, epoch_callback=cb)
     assert seen == [(True, k, 4) for k in range(1, 5)] + [(False, k, 4) for k in range(1, 5)]
+
+
+def test_checkpoints_round_trip_and_are_taken_at_a_boundary(ctx, tmp_path):
+    with retro.Trainer(ctx, accumulation=3) as tr:
+        tr.epoch(dataset(1))  # 4 micro-batches: one step, one into the next period
+        with pytest.raises(retro.InvalidStateError, match="boundary"):
+            tr.checkpoint()
+    with retro.Trainer(ctx, accumulation=2) as tr:
+        tr.epoch(dataset(1))
+        ckpt = tr.checkpoint()
+    assert ckpt.iteration == 3 and "output.weight" in ckpt.moments and "token_embd.weight" not in ckpt.moments
+    loaded = retro.Checkpoint.load(ckpt.save(tmp_path / "c.npz"))
+    assert loaded.iteration == ckpt.iteration and loaded.meta == ckpt.meta
+    assert all(np.array_equal(loaded.parameters[n], a) for n, a in ckpt.parameters.items())
+    assert all(np.array_equal(loaded.moments[n][1], mv[1]) for n, mv in ckpt.moments.items())
+
+
+def test_a_mismatched_checkpoint_is_rejected_before_anything_is_written(ctx):
+    with retro.Trainer(ctx) as tr:
+        tr.epoch(dataset(1))
+        good = tr.checkpoint()
+        before = ctx.model.tensor("output.weight")
+        bad_shape = dict(good.parameters, **{"output.weight": np.zeros((3, 3), np.float32)})
+        bad_type = dict(good.parameters, **{"output.weight": good.parameters["output.weight"].astype(np.float64)})
+        missing = {n: a for n, a in good.parameters.items() if n != "output.weight"}
+        for params in (bad_shape, bad_type, missing):
+            with pytest.raises(ValueError):
+                tr.restore(retro.Checkpoint(params, good.moments, good.iteration))
+        with pytest.raises(OverflowError):
+            tr.restore(retro.Checkpoint(good.parameters, good.moments, 2**63))
+        assert np.array_equal(ctx.model.tensor("output.weight"), before)

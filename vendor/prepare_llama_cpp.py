@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise PrepareError(f"unknown backend(s) {unknown}; known: {sorted(BACKEND_DIRS)}")
     exclude = {e.strip() for e in args.exclude_patches.split(",") if e.strip()}
-    patches = patch_series(args.patches, exclude)
+    patches = patch_series(args.patches.resolve(), exclude)
     source = f"local:{args.local_tree.resolve()}" if args.local_tree else f"sdist:{SDIST_SHA256}"
     stamp = {"source": source, "series": series_hash(patches), "backends": backends,
              "patches": [p.name for p in patches]}

@@ -151,3 +151,38 @@ def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed
         tr.epoch(support.subset(ds, slice(0, k - 1)))
         completed = model.parameters()
     support.assert_params_equal(failed, completed, backend, f"{site} failure at {k} vs the {k - 1} steps before it")
+
+
+@pytest.mark.clause("FAIL-08")
+def test_recovery_restores_a_checkpoint_and_training_continues_identically(backend, model_path, seed, tmp_path):
+    """A compute failure poisons the trainer; a new trainer restoring a checkpoint (through a
+    file) has the checkpoint's parameters, AdamW moments and cursor, and trains on exactly as the
+    run that never failed."""
+    with support.load(backend, model_path, trainable=False) as probe:
+        first = support.windows(2, 256, probe.n_vocab, seed + 27)
+        then = support.windows(2, 256, probe.n_vocab, seed + 28)
+    adamw = retro.AdamW(lr=2e-3)
+    with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=adamw) as tr:
+            tr.epoch(first)
+            saved = tr.checkpoint().save(tmp_path / "ckpt.npz")
+            tr.epoch(then)
+            never_failed = model.parameters()
+    with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=adamw) as tr:
+            tr.epoch(first)
+            fi.arm("compute", 1)
+            with pytest.raises(retro.ComputeError):
+                tr.epoch(then)
+            assert tr.poisoned
+        ckpt = retro.Checkpoint.load(saved)
+        with retro.Trainer(ctx, optimizer=adamw) as fresh:
+            fresh.restore(ckpt)
+            assert fresh.iteration == ckpt.iteration == 3
+            support.assert_params_equal(model.parameters(), ckpt.parameters, backend, "restored parameters")
+            for name, (m, v) in ckpt.moments.items():
+                got = fresh.moments(name)
+                assert got is not None, f"{name}: no moments after restore"
+                support.assert_params_equal({"m": got[0], "v": got[1]}, {"m": m, "v": v}, backend, f"{name} moments")
+            fresh.epoch(then)
+            support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")
