@@ -1,5 +1,6 @@
-// Fault-injection sites and seeded-defect switches compiled into the patched llama.cpp.
-// With nothing armed every query returns false, so the library behaves as upstream + fixes.
+// Fault sites and seeded-defect switches compiled into the patched llama.cpp (C ABI, used by the
+// fork's ggml-opt and llama-context and by the binding). With nothing armed and no defect on,
+// every query is one relaxed atomic load and the library behaves as upstream plus our fixes.
 #pragma once
 
 #include <stdbool.h>
@@ -15,25 +16,40 @@
 extern "C" {
 #endif
 
+enum retro_site {
+#define X(id, name, status) RETRO_SITE_##id,
+#include "retro-sites.def"
+#undef X
+    RETRO_SITE_COUNT
+};
+
+enum retro_defect {
+#define X(id, clause) RETRO_DEFECT_##id,
+#include "retro-defects.def"
+#undef X
+    RETRO_DEFECT_COUNT
+};
+
 // Called at a fault site: counts the hit and returns true when the armed plan fails it.
-RETRO_HOOKS_API bool retro_fault_hit(const char * site);
+RETRO_HOOKS_API bool retro_fault_hit(enum retro_site site);
 
 // Arm `site` to fail at its `hit`-th hit from now (1-based); `persistent` fails every later hit too.
-RETRO_HOOKS_API void retro_fault_arm(const char * site, int64_t hit, bool persistent);
+RETRO_HOOKS_API void retro_fault_arm(enum retro_site site, int64_t hit, bool persistent);
 
 // Disarm every site and zero every hit counter.
 RETRO_HOOKS_API void retro_fault_reset(void);
 
-// Count an event that is never failed (a stop request, a limiter sleep): read with retro_fault_hits.
-RETRO_HOOKS_API void retro_count(const char * site);
-
 // Hits counted at `site` since the last reset, and how many of them were failed.
-RETRO_HOOKS_API int64_t retro_fault_hits(const char * site);
-RETRO_HOOKS_API int64_t retro_fault_failures(const char * site);
+RETRO_HOOKS_API int64_t retro_fault_hits(enum retro_site site);
+RETRO_HOOKS_API int64_t retro_fault_failures(enum retro_site site);
 
-// Seeded defects: true while the defect for `clause` is switched on.
-RETRO_HOOKS_API bool retro_mutant_on(const char * clause);
-RETRO_HOOKS_API void retro_mutant_set(const char * clause, bool on);
+// Names of the tables above (NULL past the end).
+RETRO_HOOKS_API const char * retro_site_name(int site);
+RETRO_HOOKS_API const char * retro_defect_clause(int defect);
+
+// Seeded defects: true while the defect is switched on.
+RETRO_HOOKS_API bool retro_defect_on(enum retro_defect defect);
+RETRO_HOOKS_API void retro_defect_set(enum retro_defect defect, bool on);
 
 #ifdef __cplusplus
 }

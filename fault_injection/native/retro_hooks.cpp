@@ -1,75 +1,104 @@
-// Process-wide plan for fault sites and seeded defects. Sites are hit from whichever thread runs
-// a training step; the plan is set from the caller's thread between steps, hence the mutex.
+// Process-wide plan for fault sites and seeded defects. Sites are hit from whichever thread runs a
+// training step and armed from the caller's thread between steps: hit counters and switches are
+// atomics, and the armed plan (rarely set) sits behind a mutex that only an armed run takes.
 #include "retro-hooks.h"
 
-#include <map>
+#include <atomic>
 #include <mutex>
-#include <set>
-#include <string>
 
 namespace {
 
 struct site_state {
-    int64_t hits     = 0;
+    std::atomic<int64_t> hits{0};
     int64_t failures = 0;
     int64_t fail_at  = 0;  // 0: not armed
     bool persistent  = false;
 };
 
-std::mutex                        g_mutex;
-std::map<std::string, site_state> g_sites;
-std::set<std::string>             g_mutants;
+std::mutex              g_plan_mutex;
+std::atomic<bool>       g_armed{false};
+site_state              g_sites[RETRO_SITE_COUNT];
+std::atomic<bool>       g_defects[RETRO_DEFECT_COUNT];
+
+const char * const k_site_names[] = {
+#define X(id, name, status) name,
+#include "retro-sites.def"
+#undef X
+};
+
+const char * const k_defect_clauses[] = {
+#define X(id, clause) clause,
+#include "retro-defects.def"
+#undef X
+};
+
+bool valid_site(int site) { return site >= 0 && site < RETRO_SITE_COUNT; }
 
 }  // namespace
 
-bool retro_fault_hit(const char * site) {
-    std::lock_guard<std::mutex> lock(g_mutex);
+bool retro_fault_hit(enum retro_site site) {
+    if (!valid_site(site)) {
+        return false;
+    }
     site_state & s = g_sites[site];
-    s.hits += 1;
-    const bool fail = s.fail_at > 0 && (s.hits == s.fail_at || (s.persistent && s.hits > s.fail_at));
+    const int64_t hit = s.hits.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (!g_armed.load(std::memory_order_acquire)) {
+        return false;
+    }
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    const bool fail = s.fail_at > 0 && (hit == s.fail_at || (s.persistent && hit > s.fail_at));
     s.failures += fail;
     return fail;
 }
 
-void retro_count(const char * site) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_sites[site].hits += 1;
-}
-
-void retro_fault_arm(const char * site, int64_t hit, bool persistent) {
-    std::lock_guard<std::mutex> lock(g_mutex);
+void retro_fault_arm(enum retro_site site, int64_t hit, bool persistent) {
+    if (!valid_site(site)) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
     site_state & s = g_sites[site];
-    s.fail_at    = hit > 0 ? s.hits + hit : 0;
+    s.fail_at    = hit > 0 ? s.hits.load() + hit : 0;
     s.persistent = persistent;
+    g_armed.store(true, std::memory_order_release);
 }
 
 void retro_fault_reset(void) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_sites.clear();
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    g_armed.store(false, std::memory_order_release);
+    for (site_state & s : g_sites) {
+        s.hits.store(0);
+        s.failures = 0;
+        s.fail_at = 0;
+        s.persistent = false;
+    }
 }
 
-int64_t retro_fault_hits(const char * site) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_sites.find(site);
-    return it == g_sites.end() ? 0 : it->second.hits;
+int64_t retro_fault_hits(enum retro_site site) {
+    return valid_site(site) ? g_sites[site].hits.load() : 0;
 }
 
-int64_t retro_fault_failures(const char * site) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_sites.find(site);
-    return it == g_sites.end() ? 0 : it->second.failures;
+int64_t retro_fault_failures(enum retro_site site) {
+    if (!valid_site(site)) {
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    return g_sites[site].failures;
 }
 
-bool retro_mutant_on(const char * clause) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    return !g_mutants.empty() && g_mutants.count(clause) > 0;
+const char * retro_site_name(int site) {
+    return valid_site(site) ? k_site_names[site] : nullptr;
 }
 
-void retro_mutant_set(const char * clause, bool on) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (on) {
-        g_mutants.insert(clause);
-    } else {
-        g_mutants.erase(clause);
+const char * retro_defect_clause(int defect) {
+    return defect >= 0 && defect < RETRO_DEFECT_COUNT ? k_defect_clauses[defect] : nullptr;
+}
+
+bool retro_defect_on(enum retro_defect defect) {
+    return defect >= 0 && defect < RETRO_DEFECT_COUNT && g_defects[defect].load(std::memory_order_relaxed);
+}
+
+void retro_defect_set(enum retro_defect defect, bool on) {
+    if (defect >= 0 && defect < RETRO_DEFECT_COUNT) {
+        g_defects[defect].store(on, std::memory_order_relaxed);
     }
 }

@@ -1,0 +1,58 @@
+// retro._native.hooks: fault sites and seeded-defect switches (fault_injection/native/), by name.
+#include "bindings.h"
+#include "retro-hooks.h"
+
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace retro::bindings {
+namespace {
+
+retro_site site_of(const std::string & name) {
+    for (int i = 0; i < RETRO_SITE_COUNT; ++i) {
+        if (name == retro_site_name(i)) {
+            return static_cast<retro_site>(i);
+        }
+    }
+    throw py::value_error("unknown fault site '" + name + "'");
+}
+
+retro_defect defect_of(const std::string & clause) {
+    for (int i = 0; i < RETRO_DEFECT_COUNT; ++i) {
+        if (clause == retro_defect_clause(i)) {
+            return static_cast<retro_defect>(i);
+        }
+    }
+    throw py::value_error("no seeded defect for clause '" + clause + "'");
+}
+
+template <typename Name>
+std::vector<std::string> names(int count, Name name) {
+    std::vector<std::string> out;
+    for (int i = 0; i < count; ++i) {
+        out.emplace_back(name(i));
+    }
+    return out;
+}
+
+}  // namespace
+
+void bind_hooks(py::module_ & m) {
+    auto hooks = m.def_submodule("hooks", "fault sites and seeded-defect switches compiled into the fork");
+    hooks.def("sites", []() { return names(RETRO_SITE_COUNT, retro_site_name); });
+    hooks.def("defects", []() { return names(RETRO_DEFECT_COUNT, retro_defect_clause); });
+    hooks.def("arm", [](const std::string & site, int64_t hit, bool persistent) { retro_fault_arm(site_of(site), hit, persistent); },
+              py::arg("site"), py::arg("hit"), py::arg("persistent"));
+    hooks.def("reset", &retro_fault_reset);
+    hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
+    hooks.def("failures", [](const std::string & site) { return retro_fault_failures(site_of(site)); }, py::arg("site"));
+    hooks.def("defect_on", [](const std::string & clause) { return retro_defect_on(defect_of(clause)); }, py::arg("clause"));
+    hooks.def("set_defect", [](const std::string & clause, bool on) { retro_defect_set(defect_of(clause), on); },
+              py::arg("clause"), py::arg("on"));
+}
+
+}  // namespace retro::bindings

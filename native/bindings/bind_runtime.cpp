@@ -1,0 +1,49 @@
+// Process-wide parts: build information, devices, the native log queue.
+#include "bindings.h"
+#include "build_info.h"
+#include "logging.h"
+
+#include "ggml-backend.h"
+
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace retro::bindings {
+namespace {
+
+const char * device_kind(ggml_backend_dev_t dev) {
+    switch (ggml_backend_dev_type(dev)) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU:   return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU:   return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU:  return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default:                             return "other";
+    }
+}
+
+py::list devices() {
+    py::list out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        out.append(py::dict(py::arg("index") = i, py::arg("name") = ggml_backend_dev_name(dev),
+                            py::arg("description") = ggml_backend_dev_description(dev), py::arg("kind") = device_kind(dev),
+                            py::arg("backend") = reg ? ggml_backend_reg_name(reg) : "",
+                            py::arg("memory_free") = free, py::arg("memory_total") = total));
+    }
+    return out;
+}
+
+}  // namespace
+
+void bind_runtime(py::module_ & m) {
+    m.def("build_info", []() { return std::string(RETRO_BUILD_INFO); });
+    m.def("devices", &devices);
+    m.def("drain_logs", &drain_logs);
+    m.def("recent_errors", &recent_errors);
+}
+
+}  // namespace retro::bindings

@@ -1,0 +1,19 @@
+// retro._native: the thin native layer. Python validates every input first (retro/), so each
+// check below exists only to keep a native assert unreachable.
+#include "bindings.h"
+#include "logging.h"
+
+#include "llama.h"
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "retro native layer over the patched llama.cpp";
+    llama_backend_init();
+    retro::install_log_sink();
+    using namespace retro::bindings;
+    bind_errors(m);
+    bind_runtime(m);
+    bind_model(m);
+    bind_context(m);
+    bind_trainer(m);
+    bind_hooks(m);
+}

@@ -1,0 +1,211 @@
+// The training loop. llama.cpp's fork runs one micro-batch per call and reports a status; this
+// file owns everything between micro-batches: the progress callback and its cancellation, the
+// accumulation period on the way out, the duty-cycle limiter, the metrics and the typed errors.
+#include "logging.h"
+#include "trainer.h"
+
+#include "ggml-backend.h"
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace retro {
+namespace {
+
+struct ResultDeleter {
+    void operator()(ggml_opt_result * r) const { ggml_opt_result_free(r); }
+};
+using ResultPtr = std::unique_ptr<ggml_opt_result, ResultDeleter>;
+using Clock = std::chrono::steady_clock;
+
+// Every weight's bytes: what the seeded defects that undo work (CANCEL-03, FAIL-06) restore.
+class ParameterSnapshot {
+public:
+    void take(const llama_model * model) {
+        saved_.clear();
+        for (int32_t i = 0; i < llama_model_n_tensors(model); ++i) {
+            ggml_tensor * t = llama_model_get_tensor(model, i);
+            saved_.emplace_back(t, std::vector<uint8_t>(ggml_nbytes(t)));
+            ggml_backend_tensor_get(t, saved_.back().second.data(), 0, ggml_nbytes(t));
+        }
+    }
+    void restore() const {
+        for (const auto & [t, bytes] : saved_) {
+            ggml_backend_tensor_set(t, bytes.data(), 0, bytes.size());
+        }
+    }
+
+private:
+    std::vector<std::pair<ggml_tensor *, std::vector<uint8_t>>> saved_;
+};
+
+void check_request(const EpochRequest & r, int64_t n_ctx, int64_t n_ubatch) {
+    // the Python layer validates and explains; these checks only keep the native loop memory-safe
+    if (!r.tokens || !r.labels || r.n_windows < 0 || r.n_train < 0 || r.n_train > r.n_windows) {
+        throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
+    }
+    if (r.width <= 0 || r.width > n_ctx || r.width % n_ubatch != 0) {
+        throw std::invalid_argument("window width must be a multiple of n_ubatch no larger than n_ctx");
+    }
+    if (!(r.duty_cycle > 0.0 && r.duty_cycle <= 1.0)) {
+        throw std::invalid_argument("duty_cycle must be in (0, 1]");
+    }
+}
+
+}  // namespace
+
+EpochMetrics Trainer::epoch(const EpochRequest & r) {
+    llama_context * lctx = ctx();
+    ggml_opt_context_t opt = llama_opt_get_context(lctx);
+    const int64_t n_ctx    = llama_n_ctx(lctx);
+    const int64_t n_ubatch = std::min<int64_t>(llama_n_ubatch(lctx), std::min<int64_t>(llama_n_batch(lctx), n_ctx));
+    check_request(r, n_ctx, n_ubatch);
+    if (ggml_opt_backend_failed(opt)) {
+        throw training_error(LLAMA_OPT_STATUS_POISONED);
+    }
+    defects_ = Defects::current();
+    const Defects & defect = defects_;
+
+    const int64_t per_window = r.width / n_ubatch;
+    ResultPtr result_train(ggml_opt_result_init());
+    ResultPtr result_eval(ggml_opt_result_init());
+    const llama_model * model = context_->model->get();
+    ParameterSnapshot call_start, before_micro_batch;  // used only by seeded defects
+    if (defect(RETRO_DEFECT_FAIL_06)) {
+        call_start.take(model);
+    }
+
+    EpochMetrics m;
+    const int64_t iter0 = ggml_opt_get_iter(opt);
+    int32_t failed_status = LLAMA_OPT_STATUS_OK;
+    bool stopped = false;
+    const auto t0 = Clock::now();
+
+    ScopeGuard guard(std::make_shared<ProgressScope>(ProgressScope{lctx, r.progress, nullptr}));
+    ProgressScope & scope = guard.scope();
+    // seeded defect CANCEL-01: the caller's C callback takes the runtime's place
+    const bool runtime_reached = !(defect(RETRO_DEFECT_CANCEL_01) && r.epoch_callback);
+    clear_recent_errors();
+    llama_opt_clear_stop(lctx);
+    double debt_s = 0.0;  // sleep owed by the duty-cycle limiter, paid before the next compute
+    for (int phase = 0; phase < 2 && failed_status == LLAMA_OPT_STATUS_OK; ++phase) {
+        if (stopped && phase == 1 && defect(RETRO_DEFECT_CANCEL_05) && !scope.error) {
+            stopped = false;  // seeded defect: the evaluation tail runs after a cancel
+            llama_opt_clear_stop(lctx);
+        }
+        if (stopped) {
+            break;
+        }
+        const bool train = phase == 0;
+        const int64_t w_begin = train ? 0 : r.n_train;
+        const int64_t w_end   = train ? r.n_train : r.n_windows;
+        const int64_t total   = (w_end - w_begin) * per_window;
+        const int64_t t_phase_us = ggml_time_us();
+        int64_t done = 0;
+        ggml_opt_result_t result = train ? result_train.get() : result_eval.get();
+        for (int64_t w = w_begin; w < w_end && !stopped; ++w) {
+            for (int64_t k = 0; k < per_window; ++k) {
+                if (debt_s > 0.0) {
+                    std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));
+                    m.throttle_s += debt_s;
+                    debt_s = 0.0;
+                }
+                if (defect(RETRO_DEFECT_CANCEL_03)) {
+                    before_micro_batch.take(model);
+                }
+                const int64_t off = w * r.width + k * n_ubatch;
+                const auto t_mb = Clock::now();
+                const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,
+                                                             (llama_pos) (k * n_ubatch), train, result);
+                if (status != LLAMA_OPT_STATUS_OK) {
+                    failed_status = status;
+                    stopped = true;
+                    if (defect(RETRO_DEFECT_FAIL_02)) {  // seeded defect: the failed step is reported as done
+                        runtime_epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
+                    }
+                    if (defect(RETRO_DEFECT_FAIL_03)) {  // seeded defect: the cursor moves on
+                        ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);
+                    }
+                    break;
+                }
+                if (r.duty_cycle < 1.0) {
+                    const double compute_s = std::chrono::duration<double>(Clock::now() - t_mb).count();
+                    debt_s += compute_s * (1.0 - r.duty_cycle) / r.duty_cycle;
+                }
+                ++done;
+                (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
+                // every label of a token window is real: no padding is sent to compute
+                m.logical_tokens  += n_ubatch;
+                m.physical_tokens += n_ubatch;
+                if (defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
+                    stopped = true;  // seeded defect: the request is checked before the callback
+                    break;
+                }
+                if (r.epoch_callback) {
+                    r.epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
+                }
+                if (runtime_reached) {
+                    runtime_epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
+                }
+                // the stop request is checked after each micro-batch callback, before the next compute
+                if (!defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
+                    stopped = true;
+                    if (defect(RETRO_DEFECT_CANCEL_03)) {
+                        before_micro_batch.restore();  // seeded defect: the finished micro-batch is undone
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    if (defect(RETRO_DEFECT_CANCEL_07) && debt_s > 0.0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));  // seeded defect: the debt is slept
+        m.throttle_s += debt_s;
+    }
+    // otherwise the debt is dropped: nothing follows that it would pace
+    if (defect(RETRO_DEFECT_CANCEL_08) && (stopped || scope.error || failed_status != LLAMA_OPT_STATUS_OK)) {
+        guard.keep();  // seeded defect: the scope survives an early exit
+    }
+    if (stopped && failed_status == LLAMA_OPT_STATUS_OK && !defect(RETRO_DEFECT_CANCEL_04)) {
+        // cancelled: an incomplete accumulation period must not reach a later call (a failed step
+        // was abandoned at its update boundary by llama_opt_micro_batch itself)
+        ggml_opt_discard_period(opt);
+    }
+    llama_opt_clear_stop(lctx);
+    // training windows leave their tokens in the KV cache: the next decode starts a fresh sequence
+    llama_memory_clear(llama_get_memory(lctx), true);
+    context_->n_past = 0;
+
+    if (scope.error) {
+        std::rethrow_exception(std::exchange(scope.error, nullptr));
+    }
+    if (failed_status != LLAMA_OPT_STATUS_OK) {
+        if (defect(RETRO_DEFECT_FAIL_06)) {
+            call_start.restore();  // seeded defect: a failed call undoes the steps it completed
+        }
+        throw training_error(failed_status, defect(RETRO_DEFECT_FAIL_01));
+    }
+
+    if (defect(RETRO_DEFECT_CANCEL_06)) {  // seeded defect: the planned work is reported
+        m.train_micro_batches = r.n_train * per_window;
+        m.logical_tokens = m.physical_tokens = (m.train_micro_batches + m.eval_micro_batches) * n_ubatch;
+    }
+    // complete when every planned micro-batch ran (a stop requested after the last one skips nothing)
+    m.epoch_complete  = m.train_micro_batches == r.n_train * per_window &&
+                        m.eval_micro_batches == (r.n_windows - r.n_train) * per_window;
+    m.optimizer_steps = ggml_opt_get_iter(opt) - iter0;
+    ggml_opt_result_loss(result_train.get(), &m.train_loss, &m.train_loss_unc);
+    ggml_opt_result_accuracy(result_train.get(), &m.train_accuracy, nullptr);
+    m.has_eval = m.eval_micro_batches > 0;
+    if (m.has_eval) {
+        ggml_opt_result_loss(result_eval.get(), &m.eval_loss, &m.eval_loss_unc);
+        ggml_opt_result_accuracy(result_eval.get(), &m.eval_accuracy, nullptr);
+    }
+    m.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    return m;
+}
+
+}  // namespace retro

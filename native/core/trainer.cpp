@@ -1,0 +1,132 @@
+#include "trainer.h"
+
+#include "logging.h"
+#include "tensor_io.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace retro {
+
+Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation)
+    : context_(std::move(context)), opt_(opt), accumulation_(accumulation) {
+    llama_context * lctx = context_->get();
+    if (context_->has_trainer) {
+        throw Error(ErrorKind::InvalidState, "the context already has a trainer; close that one first");
+    }
+    if (!context_->model->trainable) {
+        throw Error(ErrorKind::InvalidState, "the model was not loaded with trainable=True");
+    }
+    // llama_opt_init asserts these; the Python layer checks them first, this keeps asserts unreachable
+    const uint32_t n_ctx = llama_n_ctx(lctx);
+    const uint32_t n_batch = std::min(llama_n_batch(lctx), n_ctx);
+    const uint32_t n_ubatch = std::min(llama_n_ubatch(lctx), n_batch);
+    if (accumulation < 1 || n_ctx % n_batch != 0 || n_batch % n_ubatch != 0) {
+        throw std::invalid_argument("training needs n_ctx % n_batch == 0, n_batch % n_ubatch == 0, accumulation >= 1");
+    }
+    llama_opt_params params{};
+    params.n_ctx_train     = 0;
+    params.param_filter    = llama_opt_param_filter_all;
+    params.param_filter_ud = nullptr;
+    params.get_opt_pars    = &Trainer::optimizer_params;
+    params.get_opt_pars_ud = this;
+    params.optimizer_type  = opt_.type;
+    params.opt_period      = accumulation;
+    llama_opt_init(lctx, context_->model->get(), params);
+    context_->has_trainer = true;
+}
+
+Trainer::~Trainer() {
+    close();
+}
+
+void Trainer::close() {
+    if (!context_) {
+        return;
+    }
+    if (context_->ctx) {
+        llama_opt_free(context_->ctx);
+    }
+    context_->has_trainer = false;
+    context_.reset();
+}
+
+llama_context * Trainer::ctx() const {
+    if (!context_) {
+        throw Error(ErrorKind::InvalidState, "the trainer is closed");
+    }
+    return context_->get();
+}
+
+ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
+    const auto * t = static_cast<const Trainer *>(self);
+    ggml_opt_optimizer_params p = ggml_opt_get_default_optimizer_params(nullptr);
+    p.adamw.alpha = t->opt_.lr;
+    p.adamw.beta1 = t->opt_.beta1;
+    p.adamw.beta2 = t->opt_.beta2;
+    p.adamw.eps   = t->opt_.eps;
+    p.adamw.wd    = t->opt_.wd;
+    p.sgd.alpha   = t->opt_.lr;
+    p.sgd.wd      = t->opt_.wd;
+    if (t->defects_(RETRO_DEFECT_BASE_02)) {
+        // seeded defect: the step size depends on hidden process-wide state
+        static int64_t calls = 0;
+        const float drift = 1.0f + 1e-2f * (float) (++calls % 7);
+        p.adamw.alpha *= drift;
+        p.sgd.alpha   *= drift;
+    }
+    return p;
+}
+
+int64_t Trainer::iteration() {
+    return ggml_opt_get_iter(opt());
+}
+
+int32_t Trainer::period_position() {
+    return ggml_opt_period_pos(opt());
+}
+
+bool Trainer::poisoned() {
+    return ggml_opt_backend_failed(opt());
+}
+
+int64_t Trainer::stop_requests() {
+    return llama_opt_stop_requests(ctx());
+}
+
+ggml_tensor * Trainer::state_tensor(const std::string & name, int which) {
+    ggml_opt_context_t o = opt();
+    const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
+    if (!t) {
+        return nullptr;
+    }
+    return which < 0 ? ggml_opt_param_grad_acc(o, t) : ggml_opt_param_moment(o, t, which);
+}
+
+void Trainer::prepare_state() {
+    llama_context * lctx = ctx();
+    clear_recent_errors();
+    const int32_t status = llama_opt_prepare_state(lctx);
+    if (status != LLAMA_OPT_STATUS_OK) {
+        throw training_error(status);
+    }
+}
+
+void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train) {
+    llama_context * lctx = ctx();
+    clear_recent_errors();
+    const int32_t status = llama_opt_micro_batch(lctx, tokens, labels, n_tokens, pos0, train, nullptr);
+    context_->n_past = 0;  // the KV cache holds a training sequence now, not the caller's decode
+    if (status != LLAMA_OPT_STATUS_OK) {
+        throw training_error(status);
+    }
+}
+
+void Trainer::set_iteration(int64_t iteration) {
+    if (iteration < 1) {
+        throw std::invalid_argument("the optimizer iteration starts at 1");
+    }
+    ggml_opt_set_iter(opt(), iteration);
+}
+
+}  // namespace retro

@@ -1,0 +1,92 @@
+// A trainer on a context: the optimizer's lifecycle, its state (cursor, period, moments) for
+// checkpoints, and the epoch loop (epoch.cpp). No Python here: the binding validates and converts.
+#pragma once
+
+#include "callback_scope.h"
+#include "defects.h"
+#include "handles.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace retro {
+
+struct OptimizerSettings {
+    ggml_opt_optimizer_type type = GGML_OPT_OPTIMIZER_TYPE_ADAMW;
+    float lr    = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps   = 1e-8f;
+    float wd    = 0.0f;
+};
+
+struct EpochMetrics {
+    double  train_loss = 0.0, train_loss_unc = 0.0, train_accuracy = 0.0;
+    double  eval_loss = 0.0, eval_loss_unc = 0.0, eval_accuracy = 0.0;
+    bool    has_eval = false;
+    int64_t train_micro_batches = 0;
+    int64_t eval_micro_batches  = 0;
+    int64_t optimizer_steps     = 0;
+    int64_t logical_tokens      = 0;
+    int64_t physical_tokens     = 0;
+    bool    epoch_complete      = false;
+    double  elapsed_s           = 0.0;
+    double  throttle_s          = 0.0;  // slept by the duty-cycle limiter
+};
+
+// One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. tokens and labels are
+// n_windows x width int32, row-major, borrowed for the call.
+struct EpochRequest {
+    const int32_t * tokens = nullptr;
+    const int32_t * labels = nullptr;
+    int64_t n_windows = 0;
+    int64_t width     = 0;
+    int64_t n_train   = 0;
+    std::shared_ptr<const ProgressFn> progress;     // may be empty
+    ggml_opt_epoch_callback epoch_callback = nullptr;  // the caller's own C callback, may be null
+    double duty_cycle = 1.0;
+};
+
+class Trainer {
+public:
+    Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation);
+    ~Trainer();
+    Trainer(const Trainer &) = delete;
+    Trainer & operator=(const Trainer &) = delete;
+
+    EpochMetrics epoch(const EpochRequest & request);
+    // upstream's own loop (llama_opt_epoch) over the same windows: the oracle of epoch()
+    void upstream_epoch(const EpochRequest & request, EpochMetrics & metrics);
+    // one micro-batch of the fork's step, nothing around it (the KV cache keeps what the step
+    // left): a probe of the state a failed step leaves, before epoch() tidies up on its way out
+    void micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train);
+
+    void close();
+    bool closed() const { return !context_; }
+    int64_t iteration();        // optimizer iteration cursor (1 + steps applied)
+    int32_t period_position();  // micro-batches into the current accumulation period
+    bool poisoned();
+    int64_t stop_requests();    // counted by the fork's llama_opt_request_stop
+    const std::shared_ptr<Context> & context() const { return context_; }
+
+    // optimizer state of a weight, nullptr where there is none (yet): the gradient accumulator
+    // (which == -1) or the AdamW moments (which == 0: first, 1: second)
+    ggml_tensor * state_tensor(const std::string & name, int which);
+
+    // checkpoint restore: create the optimizer state, then write moments and the cursor
+    void prepare_state();
+    void set_iteration(int64_t iteration);
+
+private:
+    llama_context * ctx() const;
+    ggml_opt_context_t opt() const { return llama_opt_get_context(ctx()); }
+    static ggml_opt_optimizer_params optimizer_params(void * self);
+
+    std::shared_ptr<Context> context_;
+    OptimizerSettings opt_;
+    int32_t accumulation_;
+    Defects defects_;  // the snapshot of the call in progress
+};
+
+}  // namespace retro
