@@ -1,9 +1,10 @@
-"""Fault injection into the patched llama.cpp, SQLite-style.
+"""Fault injection into the patched llama.cpp, SQLite-style (installed as ``retro.fault_injection``).
 
-The fork calls a hook at every site a training step can fail before or during compute; with a
-plan armed, the hook fails the chosen hit of the chosen site (and, persistently, every later
-one). `sweep` drives an operation through every hit of a site: fail at hit 1, then 2, ... until
-the operation completes with the armed failure never reached.
+The fork calls a hook at every site a training step can fail before or during compute
+(fault_injection/native/retro-sites.def, the only list of them); with a plan armed, the hook fails
+the chosen hit of the chosen site (and, persistently, every later one). `sweep` drives an
+operation through every hit of a site: fail at hit 1, then 2, ... until the operation completes
+with the armed failure never reached.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ from dataclasses import dataclass, field
 
 from retro._native import hooks as _hooks
 
-#: every site compiled into the fork (vendor/patches/0007), in the order a training step meets them
-SITES = ("batch_init", "memory_init", "output_reserve", "graph_build", "alloc", "compute")
-#: events the training loop counts but never fails (read with `hits`)
-COUNTERS = ("stop_request", "limiter_sleep")
+#: every site compiled into the fork, in the order a training step meets them
+SITES: tuple[str, ...] = tuple(_hooks.sites())
 
 
-def _check_site(site: str, *, counters: bool = False) -> str:
-    if site not in SITES and not (counters and site in COUNTERS):
+def _check_site(site: str) -> str:
+    if site not in SITES:
         raise ValueError(f"unknown fault site {site!r}; known: {', '.join(SITES)}")
     return site
 
@@ -38,8 +37,8 @@ def reset() -> None:
 
 
 def hits(site: str) -> int:
-    """Hits of a fault site, or occurrences of a counted event, since the last reset."""
-    return int(_hooks.hits(_check_site(site, counters=True)))
+    """Hits of a fault site since the last reset (each is one pass of the library through it)."""
+    return int(_hooks.hits(_check_site(site)))
 
 
 def failures(site: str) -> int:
@@ -58,10 +57,6 @@ class Sweep:
     persistent: bool
     injections: list[Injection] = field(default_factory=list)
     completed_after: int = 0  # the hit count at which the operation first ran to completion
-
-    @property
-    def hits_seen(self) -> int:
-        return self.completed_after
 
 
 def sweep(operation: Callable[[], object], site: str, *, persistent: bool = False, max_hits: int = 10_000,

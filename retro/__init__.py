@@ -16,23 +16,8 @@ from .checkpoint import Checkpoint
 from .context import Context
 from .datasets import TokenDataset
 from .devices import Device, devices
-from .errors import (
-    AllocationError,
-    BatchInitError,
-    BeforeComputeError,
-    ComputeError,
-    ContextError,
-    DecodeError,
-    GraphBuildError,
-    InvalidStateError,
-    MemoryInitError,
-    ModelLoadError,
-    OutputReserveError,
-    PoisonedTrainerError,
-    RetroError,
-    TrainingError,
-)
-from .errors import __all__ as _errors
+from . import errors
+from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
 from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Trainer
 
@@ -46,5 +31,6 @@ def build_info() -> dict[str, Any]:
     return info
 
 
-__all__ = ["AdamW", "Checkpoint", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD", "TokenDataset", "Trainer",
-           "build_info", "devices", "recent_errors", *_errors]
+__all__ = ["AdamW", "Checkpoint", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD",
+           "TokenDataset", "Trainer", "build_info", "devices", "recent_errors"]
+__all__ += errors.__all__

@@ -15,9 +15,9 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
-def seeded(clause: str) -> bool:
-    """True while the conformance suite has switched on the seeded defect for `clause`."""
-    return bool(_native.hooks.mutant_on(clause))
+def seeded(defect: str) -> bool:
+    """True while the conformance suite has switched on this seeded defect (retro-defects.def)."""
+    return bool(_native.hooks.defect_on(defect))
 
 
 def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
@@ -64,10 +64,10 @@ def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndar
 
 
 def default_threads() -> int:
-    """Threads per context: RETRO_THREADS, else the cores shared out among pytest-xdist workers.
-    More ggml threads than free cores makes ggml many times slower, never faster."""
+    """Threads per context: RETRO_THREADS, else the cores this process may run on (at most 16).
+    More ggml threads than free cores makes ggml many times slower, never faster: a caller that
+    runs several processes side by side sets RETRO_THREADS to its share."""
     if os.environ.get("RETRO_THREADS"):
         return integer("RETRO_THREADS", int(os.environ["RETRO_THREADS"]), minimum=1, maximum=512)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    return max(1, min(cores // max(workers, 1), 16))
+    return max(1, min(cores, 16))

@@ -17,7 +17,7 @@ from ._native_logs import forwarding
 from .checkpoint import Checkpoint
 from .context import Context
 from .datasets import TokenDataset
-from .errors import InvalidStateError
+from .errors import InvalidStateError, PoisonedTrainerError
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,18 @@ class EpochMetrics:
     def micro_batches(self) -> int:
         return self.train_micro_batches + self.eval_micro_batches
 
+    @classmethod
+    def _from_native(cls, m: _native.EpochMetrics) -> EpochMetrics:
+        return cls(
+            train_loss=m.train_loss, train_loss_unc=m.train_loss_unc, train_accuracy=m.train_accuracy,
+            eval_loss=m.eval_loss if m.has_eval else None,
+            eval_loss_unc=m.eval_loss_unc if m.has_eval else None,
+            eval_accuracy=m.eval_accuracy if m.has_eval else None,
+            train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
+            optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
+            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s,
+            throttle_s=m.throttle_s)
+
 
 class Trainer(NativeHandle):
     """Trains every trainable weight of a context's model (see :class:`retro.Model` for the
@@ -138,6 +150,12 @@ class Trainer(NativeHandle):
         return int(self._h.period_position)
 
     @property
+    def stop_requests(self) -> int:
+        """Stop requests the library recorded on this context since the trainer started (counted by
+        llama.cpp's llama_opt_request_stop itself, not by the binding)."""
+        return int(self._h.stop_requests)
+
+    @property
     def poisoned(self) -> bool:
         """True once a backend compute failed: every later call raises PoisonedTrainerError."""
         return bool(self._h.poisoned)
@@ -161,10 +179,17 @@ class Trainer(NativeHandle):
             raise TypeError("name must be a str")
         return self._h.gradient_accumulator(name)
 
+    def _refuse_if_poisoned(self) -> None:
+        # after a compute failure the parameters and moments may be half-written: no snapshot of
+        # them may pass for a checkpoint, and nothing may be written into them
+        if self.poisoned:
+            raise PoisonedTrainerError("an earlier backend compute failed; recreate the trainer and restore a checkpoint")
+
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint:
         """Parameters, AdamW moments and cursor, copied to host memory. Taken at an accumulation
         boundary only: a partial period's gradients are not part of a checkpoint."""
+        self._refuse_if_poisoned()
         if self.period_position != 0:
             raise InvalidStateError(f"{self.period_position} micro-batches into an accumulation period: "
                                     "checkpoint at a boundary (after an optimizer step)")
@@ -179,6 +204,7 @@ class Trainer(NativeHandle):
         would have from the checkpoint. Every array is checked before anything is written."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError("checkpoint must be a retro.Checkpoint")
+        self._refuse_if_poisoned()
         model = self.context.model
         names = set(model.tensor_names())
         if set(checkpoint.parameters) != names:
@@ -241,15 +267,7 @@ class Trainer(NativeHandle):
         native_progress = None if progress is None else _wrap_progress(progress)
         address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0
         m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress, address, self.duty_cycle)
-        return EpochMetrics(
-            train_loss=m.train_loss, train_loss_unc=m.train_loss_unc, train_accuracy=m.train_accuracy,
-            eval_loss=m.eval_loss if m.has_eval else None,
-            eval_loss_unc=m.eval_loss_unc if m.has_eval else None,
-            eval_accuracy=m.eval_accuracy if m.has_eval else None,
-            train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
-            optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
-            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s,
-            throttle_s=m.throttle_s)
+        return EpochMetrics._from_native(m)
 
 
 def _wrap_progress(progress: ProgressCallback) -> Callable[[bool, int, int], bool]:

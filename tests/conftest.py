@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,13 @@ import retro
 from retro.testing import TinyLlamaSpec, write_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
+
+# ggml threads per context: this machine's cores shared out among the xdist workers (more threads
+# than free cores makes ggml many times slower); certification children inherit the share
+if "RETRO_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    os.environ["RETRO_THREADS"] = str(max(1, _cores // _workers))
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +44,8 @@ def _no_armed_hooks():
     hooks.reset()
     yield
     hooks.reset()
-    for clause in ("BASE-01", "BASE-02", "BASE-03"):
-        hooks.set_mutant(clause, False)
+    for defect in hooks.defects():
+        hooks.set_defect(defect, False)
 
 
 def dataset(n_windows: int, width: int = 256, seed: int = 0, n_vocab: int = 512) -> retro.TokenDataset:

@@ -1,5 +1,8 @@
-"""Helpers for tests of retro and of code built on it: tiny deterministic models."""
+"""Helpers for tests of retro and of code built on it: tiny deterministic models, upstream's own
+training loop as an oracle, and probes of native state."""
 
 from .models import TinyLlamaSpec, write_tiny_llama
+from .oracle import upstream_epoch
+from .probes import micro_batch
 
-__all__ = ["TinyLlamaSpec", "write_tiny_llama"]
+__all__ = ["TinyLlamaSpec", "micro_batch", "upstream_epoch", "write_tiny_llama"]

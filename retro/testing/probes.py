@@ -1,0 +1,26 @@
+"""Probes of native state that the binding's own calls tidy away before a caller can look."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from .._native_logs import forwarding
+from ..training import Trainer
+
+
+@forwarding
+def micro_batch(trainer: Trainer, tokens: np.ndarray, labels: np.ndarray, *, pos0: int = 0, train: bool = True) -> None:
+    """One training (or evaluation) micro-batch of the fork's step at positions pos0.., with
+    nothing of :meth:`retro.Trainer.epoch` around it: the KV cache and the accumulation period keep
+    exactly what the step (or its failure) left. Raises the step's typed error."""
+    if not isinstance(trainer, Trainer):
+        raise TypeError("trainer must be a retro.Trainer")
+    n_vocab = trainer.context.model.n_vocab
+    tok = _checks.token_array("tokens", tokens, n_vocab, ndim=1)
+    lab = _checks.token_array("labels", labels, n_vocab, ndim=1)
+    n_ubatch = min(trainer.context.n_ubatch, trainer.context.n_batch, trainer.context.n_ctx)
+    pos0 = _checks.integer("pos0", pos0)
+    if tok.size != lab.size or tok.size > n_ubatch or pos0 + tok.size > trainer.context.n_ctx:
+        raise ValueError(f"tokens and labels must be of one length, at most n_ubatch ({n_ubatch}), within n_ctx")
+    trainer._h.micro_batch(tok, lab, pos0, bool(train))
