@@ -76,7 +76,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
     for _ in range(MAX_RESTARTS):
         log.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "pytest", str(args.cases), "-c", str(INI), "--rootdir", str(args.cases.parent),
-               "-q", "--no-header", "-p", "conformance.plugin", "-p", "_hypothesis_pytestplugin",
+               "-q", "--no-header", "--import-mode=importlib", "-p", "retro.conformance.plugin",
+               "-p", "_hypothesis_pytestplugin",
                f"--backend={name}", f"--results-log={log}",
                f"--retro-seed={args.seed}"]
         if args.clauses:
@@ -107,7 +108,12 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
                       "backend": name, "defect": crashed["defect"], "outcome": "crash",
                       "duration_s": round(time.time() - crashed["t"], 3), "message": f"{what}\n{tail}"})
         skip.append(crashed["nodeid"])
-    raise RuntimeError(f"backend {name}: more than {MAX_RESTARTS} crashes, giving up")
+    # every case crashing (a broken build): what ran is reported, the rest is one crash record
+    cases.append({"event": "result", "nodeid": f"{name}::restart-budget", "id": "restart budget",
+                  "clauses": registry.select(args.clauses.split(",") if args.clauses else None),
+                  "backend": name, "defect": None, "outcome": "crash", "duration_s": 0.0, "caught": None,
+                  "message": f"{MAX_RESTARTS} interpreters died; the cases not yet run were abandoned"})
+    return cases
 
 
 def run_info(args: argparse.Namespace) -> dict:
@@ -120,6 +126,7 @@ def run_info(args: argparse.Namespace) -> dict:
             "built_backends": info["backends"], "python": platform.python_version(),
             "platform": platform.platform(), "host": platform.node(), "seed": args.seed,
             "selection": args.clauses or "all", "seeded_defects": not args.no_defects,
+            **({"partial": f"-k {args.keyword}"} if args.keyword else {}),
             "command": " ".join(["retro-conformance", *sys.argv[1:]])}
 
 
@@ -174,9 +181,9 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def list_clauses(args: argparse.Namespace) -> int:
-    mutants = registry.mutants()
     for c in registry.clauses().values():
-        flag = " [seeded defect]" if c.id in mutants else ""
+        defects = registry.defects_of(c.id)
+        flag = f" [seeded defects: {', '.join(defects)}]" if defects else ""
         print(f"{c.id:10} {c.text[:100]}{flag}")
     return 0
 

@@ -1,12 +1,14 @@
-"""pytest plugin of the conformance suite (registered through the pytest11 entry point).
+"""pytest plugin of the conformance suite. retro-conformance loads it (``-p
+retro.conformance.plugin``); it is not registered into every pytest session of the environment.
 
 - ``@pytest.mark.clause("CANCEL-03", ...)`` names the clauses a check proves; an unknown ID, or a
   check without the ``backend`` fixture, is a collection error.
 - Every check runs once per selected backend (``--backend cpu,cuda`` or ``all``); on an absent
   backend it is reported "not available", never passed.
-- Every check also runs once per seeded defect of the clauses it cites, with that defect switched
-  on; there it must fail (the defect is "killed"), else it is reported as a failure: a check that
-  cannot fail proves nothing (HARNESS-07).
+- Every check also runs once per seeded defect of each clause it cites, with that defect switched
+  on. The run is "caught" when an assertion bound to that defect's clause failed (evidence.py),
+  else "survived"; results.py passes a clause only when each of its defects was caught by one of
+  its checks, and a check that caught nothing proves nothing (HARNESS-07).
 - ``--results-log FILE`` appends one JSON line when a case starts and one with its outcome, flushed
   at once, so that a runner can tell which case a crashed interpreter was running (HARNESS-05).
 
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from . import backends as backends_mod
-from . import registry
+from . import evidence, registry
 
 NOT_AVAILABLE = "not available: "
 NOT_SUPPORTED = "not supported: "
@@ -33,7 +35,7 @@ NOT_SUPPORTED = "not supported: "
 @dataclass(frozen=True)
 class Variant:
     backend: str
-    defect: str | None  # the clause whose seeded defect is switched on, None for the intact build
+    defect: str | None  # the seeded defect switched on (mutants.toml id), None for the intact build
 
     @property
     def id(self) -> str:
@@ -46,6 +48,7 @@ class CaseMeta:
         self.outcome: str | None = None
         self.message = ""
         self.duration = 0.0
+        self.caught: dict[str, str] | None = None  # {clause, assertion} of a caught defect
 
 
 _META = pytest.StashKey[CaseMeta]()
@@ -69,6 +72,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves")
+    from retro._native import hooks
+
+    registry.check_switches(list(hooks.defects()))
     try:
         config.stash[_SELECTED] = backends_mod.parse_selection(config.getoption("--backend"))
     except ValueError as err:
@@ -94,7 +100,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses.toml")
     if "backend" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{where}: a conformance check must take the `backend` fixture")
-    defects = [] if metafunc.config.getoption("--no-defects") else [c for c in marker.args if c in registry.mutants()]
+    defects = [] if metafunc.config.getoption("--no-defects") else [d for c in marker.args for d in registry.defects_of(c)]
     variants = [Variant(b, d) for b in metafunc.config.stash[_SELECTED] for d in [None, *defects]]
     metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
 
@@ -135,28 +141,49 @@ def backend(request: pytest.FixtureRequest):
 
     hooks.reset()
     if variant.defect:
-        hooks.set_mutant(variant.defect, True)
+        hooks.set_defect(variant.defect, True)
     try:
         yield b
     finally:
         if variant.defect:
-            hooks.set_mutant(variant.defect, False)
+            hooks.set_defect(variant.defect, False)
         hooks.reset()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     meta = item.stash.get(_META, None)
-    if meta is None or meta.variant.defect is None:
+    if meta is None:
         return (yield)
+    defect = registry.defects()[meta.variant.defect] if meta.variant.defect else None
+    ledger = evidence.begin(defect.clause if defect else None)
     try:
-        yield
-    except (AssertionError, pytest.fail.Exception) as err:  # a failed assertion, or pytest.raises/fail
-        first = (str(err).strip().splitlines() or ["assertion failed"])[0]
-        meta.message = f"seeded defect {meta.variant.defect} caught: {first[:300]}"
+        if defect is None:
+            result = yield
+            silent = [c for c in meta.clauses if c not in ledger.asserted]
+            if silent:
+                raise pytest.fail.Exception(f"cites {', '.join(silent)} but never asserted through it", pytrace=False)
+            return result
+        try:
+            yield
+        except evidence.ClauseViolation as err:
+            if err.clause != defect.clause:
+                raise
+            meta.outcome, meta.caught = "caught", {"clause": err.clause, "assertion": err.message[:500]}
+            meta.message = f"seeded defect {defect.id} caught by {err.clause}: {err.message[:300]}"
+            return None
+        except Exception as err:  # noqa: BLE001 - an error is not an assertion bound to the clause
+            meta.outcome = "survived"
+            meta.message = f"seeded defect {defect.id}: raised {type(err).__name__}: {str(err)[:300]} " \
+                           f"before any assertion bound to {defect.clause} failed"
+            return None
+        meta.outcome = "survived"
+        others = "; ".join(str(v) for v in ledger.tolerated[:3])
+        meta.message = f"seeded defect {defect.id} survived every assertion bound to {defect.clause}" + \
+            (f" (other clauses' assertions failed: {others})" if others else "")
         return None
-    raise pytest.fail.Exception(
-        f"seeded defect {meta.variant.defect} survived: this check cannot fail for {meta.variant.defect}", pytrace=False)
+    finally:
+        evidence.end()
 
 
 class Recorder:
@@ -210,7 +237,7 @@ class Recorder:
         self.log({
             "event": "result", "nodeid": nodeid, "id": meta.case, "clauses": meta.clauses,
             "backend": meta.variant.backend, "defect": meta.variant.defect, "outcome": meta.outcome or "fail",
-            "duration_s": round(meta.duration, 6), "message": meta.message[:4000]})
+            "duration_s": round(meta.duration, 6), "message": meta.message[:4000], "caught": meta.caught})
 
 
 def _failure_text(report: pytest.TestReport) -> str:

@@ -9,6 +9,7 @@ from functools import cache
 from importlib import resources
 
 ID_PATTERN = re.compile(r"^(BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?$")
+DEFECT_PATTERN = re.compile(r"^(?P<clause>[A-Z-]+-\d{2}[a-f]?)(\.[a-z0-9-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,8 @@ class Clause:
     text: str
     how: str = ""
     parent: str | None = None
+    reading: str = ""  # the reading the suite chose where the clause leaves one open, and why
+    unimplemented: str = ""  # parts of the clause the binding does not implement (reported, never passed)
 
     @property
     def family(self) -> str:
@@ -26,16 +29,23 @@ class Clause:
 
 
 @dataclass(frozen=True)
-class Mutant:
-    """A seeded defect: a switch compiled into the native code that breaks one clause."""
+class Defect:
+    """A seeded defect: a switch compiled into the native code (or read by the Python layer) that
+    breaks one clause the way a maintainer's mistake would."""
 
-    clause: str
+    id: str
     where: str
     defect: str
 
+    @property
+    def clause(self) -> str:
+        m = DEFECT_PATTERN.match(self.id)
+        assert m is not None
+        return m["clause"]
+
 
 def _load(name: str) -> dict:
-    return tomllib.loads(resources.files("conformance").joinpath(name).read_text(encoding="utf-8"))
+    return tomllib.loads(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"))
 
 
 @cache
@@ -55,14 +65,29 @@ def clauses() -> dict[str, Clause]:
 
 
 @cache
-def mutants() -> dict[str, Mutant]:
-    out = {}
-    for raw in _load("mutants.toml")["mutant"]:
-        m = Mutant(**raw)
-        if m.clause not in clauses():
-            raise ValueError(f"mutants.toml: seeded defect for unknown clause {m.clause}")
-        out[m.clause] = m
+def defects() -> dict[str, Defect]:
+    """Every seeded defect by id, in mutants.toml's order."""
+    out: dict[str, Defect] = {}
+    for raw in _load("mutants.toml")["defect"]:
+        d = Defect(**raw)
+        if not DEFECT_PATTERN.match(d.id) or d.clause not in clauses():
+            raise ValueError(f"mutants.toml: {d.id!r} names no clause of the registry")
+        if d.id in out:
+            raise ValueError(f"mutants.toml: duplicate defect {d.id}")
+        out[d.id] = d
     return out
+
+
+def defects_of(clause: str) -> list[str]:
+    return [d.id for d in defects().values() if d.clause == clause]
+
+
+def check_switches(compiled: list[str]) -> None:
+    """The descriptions must match the switches compiled into the build, one to one."""
+    described = set(defects())
+    if set(compiled) != described:
+        raise ValueError("mutants.toml and fault_injection/native/retro-defects.def disagree: "
+                         f"undescribed {sorted(set(compiled) - described)}, without a switch {sorted(described - set(compiled))}")
 
 
 def unknown_ids(ids: list[str] | tuple[str, ...]) -> list[str]:

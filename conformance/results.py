@@ -14,9 +14,13 @@ from pathlib import Path
 
 from . import registry
 
-SCHEMA = 1
-CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available")
-PASSING_CLAUSE = {"pass", "not supported", "expected failure"}
+SCHEMA = 2
+#: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
+CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available", "caught", "survived")
+#: statuses of a clause on a backend; only "pass" counts towards "certified"
+CLAUSE_CODES = ("pass", "fail", "crash", "expected failure", "not supported", "not covered", "not available",
+                "not selected")
+BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
 
 
 @dataclass(frozen=True)
@@ -60,31 +64,40 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
 
 
 def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, str]:
-    """(status, why) of one clause on one backend."""
+    """(status, why) of one clause on one backend. It passes when every intact run of a check
+    citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
+    those checks, and each of those checks caught at least one defect (a check that can fail)."""
     if backend["status"] != "available":
         return "not available", backend.get("reason", "")
     citing = [c for c in cases if clause in c["clauses"]]
-    if not citing:
+    intact = [c for c in citing if c["defect"] is None]
+    if not intact:
         return "not covered", "no check cites it"
     for code in ("crash", "fail"):
-        bad = [c for c in citing if c["outcome"] == code]
+        bad = [c for c in intact if c["outcome"] == code]
         if bad:
-            return code, "; ".join(sorted({c["id"] + (f" [defect {c['defect']}]" if c["defect"] else "") for c in bad}))
-    intact = [c for c in citing if c["defect"] is None]
+            return code, "; ".join(sorted({c["id"] for c in bad}))
     if any(c["outcome"] == "expected failure" for c in intact):
         return "expected failure", "listed in the backend's expectation file"
     passed = [c for c in intact if c["outcome"] == "pass"]
-    if passed:
-        if clause not in registry.mutants():
-            return "not covered", "no seeded defect shows its checks able to fail"
-        killed = {c["id"] for c in citing if c["defect"] == clause and c["outcome"] == "pass"}
-        unproven = sorted({c["id"] for c in passed} - killed)
-        if unproven:
-            return "not covered", "not run against its seeded defect: " + ", ".join(unproven)
-        return "pass", f"{len(passed)} check run(s) passed, seeded defect caught"
-    if intact and all(c["outcome"] == "not supported" for c in intact):
-        return "not supported", intact[0]["message"]
-    return "not covered", "no check citing it ran"
+    if not passed:
+        if all(c["outcome"] == "not supported" for c in intact):
+            return "not supported", intact[0]["message"]
+        return "not covered", "no check citing it ran"
+    defects = registry.defects_of(clause)
+    if not defects:
+        return "not covered", "no seeded defect shows its checks able to fail"
+    caught = {c["defect"]: c for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
+    uncaught = [d for d in defects if d not in caught]
+    if uncaught:
+        return "not covered", "seeded defect(s) no check caught: " + ", ".join(uncaught)
+    runs = {c["id"] for c in passed}
+    able = {c["id"] for c in cases if c["defect"] is not None and c["outcome"] == "caught"}
+    unable = sorted(runs - able)
+    if unable:
+        return "not covered", "check(s) that caught no seeded defect: " + ", ".join(unable)
+    how = "; ".join(f"{d} by {c['id']}" for d, c in caught.items())
+    return "pass", f"{len(passed)} check run(s) passed; defects caught: {how}"
 
 
 def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected: list[str],
@@ -104,12 +117,14 @@ def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected:
                 status, reason = "not selected", "outside this run's clause selection"
             clauses[cid][name], why[cid][name] = status, reason
     verdict = {}
+    partial = run.get("partial")
     for name, b in backends.items():
         if b["status"] != "available":
             verdict[name] = "not available"
         else:
-            ok = all(clauses[cid][name] in PASSING_CLAUSE for cid in chosen)
-            verdict[name] = "certified" if ok and chosen else "not certified"
+            ok = all(clauses[cid][name] == "pass" for cid in chosen)
+            # a run that left out checks of its selected clauses (-k) never certifies them
+            verdict[name] = "certified" if ok and chosen and not partial else "not certified"
     out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "selected": [c for c in registry.clauses() if c in chosen],
            "backends": backends, "clauses": clauses, "clause_details": why,
            "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")), "verdict": verdict}
@@ -132,9 +147,14 @@ def verify(results: dict) -> None:
 
 def merge(parts: list[dict]) -> dict:
     """One verdict from several shards (machines): backends and cases are united, then re-aggregated.
-    A backend is available if any shard had it; a case run on several shards keeps every record."""
+    A backend is available if any shard had it; a case run on several shards keeps every record.
+    Shards of different builds (retro version, llama.cpp pin, patch series) are refused."""
     for p in parts:
         verify(p)
+    builds = {tuple(s.get(k) for k in BUILD_KEYS) for p in parts for s in p["shards"]}
+    if len(builds) > 1:
+        raise ValueError("the shards come from different builds (" + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(BUILD_KEYS, b)) for b in sorted(builds, key=str)) + ")")
     backends: dict[str, dict] = {}
     for p in parts:
         for name, b in p["backends"].items():
@@ -142,7 +162,11 @@ def merge(parts: list[dict]) -> dict:
                 backends[name] = b
     selected = list(dict.fromkeys(cid for p in parts for cid in p["selected"]))
     shards = [s for p in parts for s in p["shards"]]
-    run = {"merged": True, "shards": len(shards), "start_time": min(s.get("start_time", "") for s in shards)}
+    run = {"merged": True, "shards": len(shards), "start_time": min(s.get("start_time", "") for s in shards),
+           **{k: shards[0].get(k) for k in BUILD_KEYS}}
+    partial = [s["partial"] for s in shards if s.get("partial")]
+    if partial:
+        run["partial"] = "; ".join(partial)
     cases = [c for p in parts for c in p["cases"]]  # expectations were applied when each shard ran
     return aggregate(run, backends, cases, selected, None, shards)
 
@@ -163,7 +187,8 @@ def write_junit(results: dict, path: Path) -> None:
         suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)),
                               failures=str(sum(c["outcome"] == "fail" for c in cases)),
                               errors=str(sum(c["outcome"] == "crash" for c in cases)),
-                              skipped=str(sum(c["outcome"] in ("not supported", "not available", "expected failure") for c in cases)))
+                              skipped=str(sum(c["outcome"] in ("not supported", "not available", "expected failure", "survived")
+                                              for c in cases)))
         props = ET.SubElement(suite, "properties")
         ET.SubElement(props, "property", name="status", value=b["status"])
         ET.SubElement(props, "property", name="verdict", value=results["verdict"][name])
@@ -178,7 +203,7 @@ def write_junit(results: dict, path: Path) -> None:
                 ET.SubElement(tc, "failure", message=c["message"][:500]).text = c["message"]
             elif c["outcome"] == "crash":
                 ET.SubElement(tc, "error", message="crash: " + c["message"][:500]).text = c["message"]
-            elif c["outcome"] != "pass":
+            elif c["outcome"] not in ("pass", "caught"):
                 ET.SubElement(tc, "skipped", message=f"{c['outcome']}: {c['message'][:500]}")
     ET.indent(root)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
@@ -192,7 +217,8 @@ def report_markdown(results: dict) -> str:
     names = list(results["backends"])
     run = results["run"]
     lines = ["# retro conformance report", ""]
-    for key in ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection"):
+    for key in ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection",
+                "partial"):
         if key in run:
             lines.append(f"- {key.replace('_', ' ')}: `{run[key]}`")
     if run.get("merged"):
@@ -200,12 +226,13 @@ def report_markdown(results: dict) -> str:
     lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
     for n in names:
         b = results["backends"][n]
-        passing = sum(results["clauses"][c][n] in PASSING_CLAUSE for c in results["selected"])
+        passing = sum(results["clauses"][c][n] == "pass" for c in results["selected"])
         status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
         lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
-    lines += ["", "## Clauses", "", "| clause | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += ["", "## Clauses", "", "| clause | " + " | ".join(names) + " | evidence |", "|---|" + "---|" * len(names) + "---|"]
     for cid, row in results["clauses"].items():
-        lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + " |")
+        why = "; ".join(dict.fromkeys(results["clause_details"][cid][n] for n in names if row[n] not in ("not selected", "not available")))
+        lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + f" | {why} |")
     bad = [c for c in results["cases"] if c["outcome"] in ("fail", "crash")]
     if bad:
         lines += ["", "## Failures", ""]

@@ -58,6 +58,14 @@ def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.nd
             np.testing.assert_allclose(a, e, rtol=GPU_RTOL, atol=GPU_ATOL, err_msg=f"{what}: {name}")
 
 
+def assert_close(actual: np.ndarray, expected: np.ndarray, backend: Backend, what: str) -> None:
+    """Equal on CPU (bitwise), within the GPU tolerance elsewhere."""
+    if backend.name == "cpu":
+        assert np.array_equal(actual, expected), f"{what}: {actual!r} vs {expected!r}"
+    else:
+        np.testing.assert_allclose(actual, expected, rtol=GPU_RTOL, atol=GPU_ATOL, err_msg=what)
+
+
 def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> set[str]:
     return {n for n in before if not np.array_equal(before[n], after[n])}
 

@@ -152,37 +152,6 @@ def test_decode_works_after_training_with_a_full_window_micro_batch(model):
         assert after.shape == before.shape and not np.array_equal(after, before)
 
 
-def test_fault_sites_fail_exactly_the_armed_hit(ctx):
-    """A fault armed at hit 2 of graph_build fails the second micro-batch only, as a typed error
-    carrying the native diagnostic; the trainer stays usable."""
-    from conftest import dataset
-
-    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
-        hooks.arm("graph_build", 2, False)
-        with pytest.raises(retro.GraphBuildError, match="graph build failed") as err:
-            tr.epoch(dataset(1))
-        assert "failed to build the training graph" in str(err.value)
-        assert hooks.hits("graph_build") == 2 and hooks.failures("graph_build") == 1
-        assert tr.iteration == 2  # the first micro-batch's step stays applied
-        assert tr.epoch(dataset(1)).epoch_complete
-
-
-def test_a_compute_failure_poisons_the_trainer(ctx):
-    from conftest import dataset
-
-    tr = retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01))
-    hooks.arm("compute", 1, False)
-    with pytest.raises(retro.ComputeError):
-        tr.epoch(dataset(1))
-    assert tr.poisoned
-    with pytest.raises(retro.PoisonedTrainerError):
-        tr.epoch(dataset(1))
-    tr.close()
-    # recovery: a new trainer on the same context works
-    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as fresh:
-        assert fresh.epoch(dataset(1)).epoch_complete
-
-
 def test_missing_cpu_features_are_named(tmp_path, monkeypatch):
     from retro import _cpu
 

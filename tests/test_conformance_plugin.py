@@ -11,7 +11,8 @@ pytest_plugins = ["pytester"]
 
 def _results(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
     log = pytester.path / "results.jsonl"
-    res = pytester.runpytest_subprocess(f"--results-log={log}", "-p", "no:cacheprovider", *args)
+    res = pytester.runpytest_subprocess(f"--results-log={log}", "-p", "no:cacheprovider", "-p", "retro.conformance.plugin",
+                                        *args)
     records = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
     return res, [r for r in records if r["event"] == "result"]
 
@@ -36,38 +37,74 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
     pytester.makepyfile(test_x="""
         import pytest
         from retro._native import hooks
+        from retro.conformance.evidence import expect
         @pytest.mark.clause("BASE-01", "TX-ACC-09")
         def test_x(backend):
-            assert not hooks.mutant_on("BASE-01"), "defect seen"
+            expect("BASE-01", not hooks.defect_on("BASE-01"), "defect seen")
+            expect("TX-ACC-09", True)
     """)
     res, recs = _results(pytester, "--backend=cpu,cuda")
     by = {(r["backend"], r["defect"]): r for r in recs}
     assert by[("cpu", None)]["outcome"] == "pass"
-    assert by[("cpu", "BASE-01")]["outcome"] == "pass"  # the defect was caught
-    assert "caught" in by[("cpu", "BASE-01")]["message"]
+    assert by[("cpu", "BASE-01")]["outcome"] == "caught"
+    assert by[("cpu", "BASE-01")]["caught"] == {"clause": "BASE-01", "assertion": "defect seen"}
+    assert by[("cpu", "BASE-01.eval-period")]["outcome"] == "survived"  # this check does not catch that one
     assert by[("cuda", None)]["outcome"] == "not available"  # absent here: never "pass"
     assert by[("cpu", None)]["clauses"] == ["BASE-01", "TX-ACC-09"]
-    assert len(recs) == 4  # TX-ACC-09 has no seeded defect (yet): no extra run
+    assert len(recs) == 6  # two defects of BASE-01; TX-ACC-09 has none (yet): no extra run
+    assert res.ret == pytest.ExitCode.OK
+
+
+def test_a_defect_is_caught_only_by_an_assertion_bound_to_its_clause(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        from retro._native import hooks
+        from retro.conformance.evidence import bound, expect
+        @pytest.mark.clause("BASE-01", "BASE-03")
+        def test_x(backend):
+            expect("BASE-03", not hooks.defect_on("BASE-01"), "BASE-03's assertion sees BASE-01's defect")
+            with bound("BASE-03"):
+                assert not hooks.defect_on("BASE-03"), "a plain assert bound to BASE-03"
+            expect("BASE-01", True)
+    """)
+    _, recs = _results(pytester)
+    by = {r["defect"]: r for r in recs}
+    assert by[None]["outcome"] == "pass"
+    assert by["BASE-01"]["outcome"] == "survived"
+    assert "BASE-03's assertion sees" in by["BASE-01"]["message"]
+    assert by["BASE-03"]["outcome"] == "caught" and by["BASE-03"]["caught"]["clause"] == "BASE-03"
+
+
+def test_a_check_must_assert_through_every_clause_it_cites(pytester):
+    pytester.makepyfile(test_x="""
+        import pytest
+        from retro.conformance.evidence import expect
+        @pytest.mark.clause("BASE-02", "BASE-03")
+        def test_x(backend):
+            expect("BASE-02", True)
+    """)
+    _, recs = _results(pytester, "--no-defects")
+    assert recs[0]["outcome"] == "fail" and "BASE-03 but never asserted" in recs[0]["message"]
 
 
 def test_a_check_that_cannot_fail_is_reported_as_a_failure_under_its_defect(pytester):
     pytester.makepyfile(test_x="""
         import pytest
+        from retro.conformance.evidence import expect
         @pytest.mark.clause("BASE-02")
         def test_x(backend):
-            assert 1 + 1 == 2
+            expect("BASE-02", 1 + 1 == 2)
     """)
     res, recs = _results(pytester)
     by = {r["defect"]: r for r in recs}
     assert by[None]["outcome"] == "pass"
-    assert by["BASE-02"]["outcome"] == "fail" and "survived" in by["BASE-02"]["message"]
-    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    assert by["BASE-02"]["outcome"] == "survived" and "survived" in by["BASE-02"]["message"]
 
 
 def test_skips_need_a_result_code(pytester):
     pytester.makepyfile(test_x="""
         import pytest
-        from conformance.plugin import not_supported
+        from retro.conformance.plugin import not_supported
         @pytest.mark.clause("HOST-01")
         def test_plain_skip(backend):
             pytest.skip("no reason code")
@@ -85,12 +122,13 @@ def test_skips_need_a_result_code(pytester):
 def test_the_clause_filter_deselects_other_checks(pytester):
     pytester.makepyfile(test_x="""
         import pytest
+        from retro.conformance.evidence import expect
         @pytest.mark.clause("TX-ACC-01")
         def test_a(backend):
-            pass
+            expect("TX-ACC-01", True)
         @pytest.mark.clause("HOST-01")
         def test_b(backend):
-            pass
+            expect("HOST-01", True)
     """)
     _, recs = _results(pytester, "--clauses=TX")
     assert [r["id"] for r in recs] == ["test_x.py::test_a"]

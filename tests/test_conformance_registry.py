@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conformance import registry
+from retro.conformance import registry
 
 from conftest import REPO
 
@@ -30,10 +30,19 @@ def test_every_clause_has_text_and_a_known_document():
 
 
 def test_every_seeded_defect_names_a_clause_and_says_where_it_lives():
-    mutants = registry.mutants()
-    assert {"BASE-01", "BASE-02", "BASE-03"} <= set(mutants)
-    for m in mutants.values():
-        assert m.where and m.defect
+    defects = registry.defects()
+    assert {"BASE-01", "BASE-01.eval-period", "BASE-02", "BASE-03"} <= set(defects)
+    assert registry.defects_of("BASE-01") == ["BASE-01", "BASE-01.eval-period"]
+    for d in defects.values():
+        assert d.where and d.defect and d.clause in registry.clauses()
+
+
+def test_the_described_defects_are_the_compiled_switches():
+    from retro._native import hooks
+
+    registry.check_switches(list(hooks.defects()))
+    with pytest.raises(ValueError, match="undescribed"):
+        registry.check_switches([*hooks.defects(), "BASE-02.extra"])
 
 
 def test_selection_by_prefix():

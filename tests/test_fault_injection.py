@@ -1,10 +1,10 @@
-"""fault_injection: arming by site and hit, and the SQLite-style sweep."""
+"""retro.fault_injection: arming by site and hit, the SQLite-style sweep, and the site table."""
 
 from __future__ import annotations
 
 import pytest
 
-import fault_injection as fi
+import retro.fault_injection as fi
 import retro
 
 from conftest import dataset
@@ -35,17 +35,16 @@ def test_sweep_fails_every_hit_of_graph_build_until_the_epoch_completes(model_pa
     assert result.completed_after == 4 and len(seen) == 4
 
 
-def test_each_before_compute_site_raises_its_own_class(model_path):
-    expected = {"batch_init": retro.BatchInitError, "memory_init": retro.MemoryInitError,
-                "output_reserve": retro.OutputReserveError, "graph_build": retro.GraphBuildError,
-                "alloc": retro.AllocationError, "compute": retro.ComputeError}
-    assert set(expected) == set(fi.SITES)
-    for site, cls in expected.items():
-        with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=64) as c:
-            with retro.Trainer(c, optimizer=retro.SGD(lr=0.01)) as tr:
-                fi.arm(site, 2)
-                with pytest.raises(cls):
-                    tr.epoch(dataset(1))
-                assert fi.failures(site) == 1
-                assert tr.poisoned == (site == "compute")
-        fi.reset()
+
+def test_the_sites_are_the_forks_table_and_each_counts_its_hits(model_path):
+    """The site list comes from the fork's table; one micro-batch passes each site once."""
+    assert fi.SITES[0] == "batch_init" and fi.SITES[-1] == "compute" and len(set(fi.SITES)) == len(fi.SITES)
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=64) as c:
+        with retro.Trainer(c, optimizer=retro.SGD(lr=0.01)) as tr:
+            fi.reset()
+            tr.epoch(dataset(1))
+            assert {s: fi.hits(s) for s in fi.SITES} == dict.fromkeys(fi.SITES, 4)
+            fi.arm("graph_build", 2)
+            with pytest.raises(retro.GraphBuildError, match="failed to build the training graph"):
+                tr.epoch(dataset(1))
+            assert fi.failures("graph_build") == 1 and tr.iteration == 6  # 4 + the first micro-batch's step

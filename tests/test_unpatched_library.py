@@ -1,6 +1,6 @@
 """BASE-01 against the library without its fix: the conformance check must fail there.
 
-Builds retro with patch 0001 (the accumulator reset) left out, and 0007 (the hook call sites,
+Builds retro with patch 0001 (the accumulator reset) left out, and 0015 (the seeded-defect switches,
 which touch the lines 0001 adds), into a separate folder, then runs the BASE-01 check of that
 build in an interpreter that sees it and not the installed one.
 
@@ -26,7 +26,7 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     build = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
          "--target", str(target), f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
-         "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0007", str(REPO)],
+         "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0015", str(REPO)],
         capture_output=True, text=True, env=dict(os.environ, RETRO_CACHE_DIR=str(tmp_path / "cache")))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     assert (tmp_path / "cache" / "llama_cpp_python-0.3.36.tar.gz").is_file()
@@ -38,13 +38,14 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
                            env=env, capture_output=True, text=True, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     info = json.loads(probe.stdout)
-    assert not any(p.startswith(("0001", "0007")) for p in info["patches"]), info["patches"]
+    assert not any(p.startswith(("0001", "0015")) for p in info["patches"]), info["patches"]
 
     log = tmp_path / "results.jsonl"
-    cases = target / "conformance" / "cases"
+    harness = target / "retro" / "conformance"
     run = subprocess.run(
-        [sys.executable, "-S", "-m", "pytest", str(cases), "-c", str(target / "conformance" / "pytest.ini"),
-         "--rootdir", str(target / "conformance"), "--backend=cpu", "--no-defects", "--clauses=BASE-01",
+        [sys.executable, "-S", "-m", "pytest", str(harness / "cases"), "-c", str(harness / "pytest.ini"),
+         "--rootdir", str(harness), "--import-mode=importlib", "-p", "retro.conformance.plugin", "--backend=cpu",
+         "--no-defects", "--clauses=BASE-01", "-k", "test_each_step_applies_only_its_own_period",
          f"--results-log={log}", "-q"], env=env, capture_output=True, text=True, cwd=tmp_path)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     outcomes = {r["id"]: r["outcome"] for r in records if r["event"] == "result"}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import support
+from retro.conformance import support
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,21 @@
 """Cancellation (seed 000, "Cancellation"): the caller's progress callback returning False stops
-the loop after that micro-batch. Exercised at every micro-batch of an epoch (HARNESS-03)."""
+the loop after that micro-batch. Exercised at every micro-batch of an epoch (HARNESS-03), with SGD
+and AdamW, accumulation 1 and > 1."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-import fault_injection as fi
 import retro
-from conformance import support
+import retro.fault_injection as fi
+from retro.conformance import support
+from retro.conformance.evidence import bound, expect
 
 WINDOWS_TRAIN, WINDOWS_EVAL, UBATCH = 2, 1, 64
 PER_WINDOW = 256 // UBATCH
+OPTIMIZERS: dict[str, retro.SGD | retro.AdamW] = {"sgd": retro.SGD(lr=0.01), "adamw": retro.AdamW(lr=1e-3)}
 
 
 def _stop_at(k: int, seen: list[retro.Progress], *, train: bool = True):
@@ -22,83 +27,96 @@ def _stop_at(k: int, seen: list[retro.Progress], *, train: bool = True):
 
 
 @pytest.mark.clause("CANCEL-02", "CANCEL-05", "CANCEL-06")
-def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path, seed):
-    """Cancelling at train micro-batch k, for every k of the epoch: exactly k computes ran, the
-    evaluation tail was skipped (no eval callback, no eval metrics), and the metrics count the k
-    micro-batches, their optimizer steps and tokens, with epoch_complete = False. Cancelling at
-    evaluation micro-batch j: the training and exactly j evaluation micro-batches ran."""
+@pytest.mark.parametrize("optimizer, accumulation", [("sgd", 1), ("adamw", 3)])
+def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path, seed, optimizer, accumulation):
+    """Cancelling at train micro-batch k, for every k of the epoch: exactly k computes ran (counted
+    at the fork's compute site), the evaluation tail was skipped (no eval callback, no eval
+    metrics), and the metrics count the k micro-batches, their optimizer steps and tokens, with
+    epoch_complete = False. Cancelling at evaluation micro-batch j: the training and exactly j
+    evaluation micro-batches ran."""
     n_train, n_eval = WINDOWS_TRAIN * PER_WINDOW, WINDOWS_EVAL * PER_WINDOW
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
         ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, 256, model.n_vocab, seed + 10)
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
-        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=1) as tr:
+        with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
             for k in range(1, n_train + 1):
                 seen: list[retro.Progress] = []
                 fi.reset()
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(k, seen))
-                assert fi.hits("compute") == k, f"cancel at {k}: {fi.hits('compute')} computes ran"
-                assert [p.done for p in seen] == list(range(1, k + 1)) and all(p.train for p in seen), \
-                    f"cancel at {k}: callbacks {seen}"
-                assert m.eval_micro_batches == 0 and m.eval_loss is None and m.eval_accuracy is None
-                assert (m.train_micro_batches, m.optimizer_steps) == (k, k), f"cancel at {k}: {m}"
-                assert m.logical_tokens == m.physical_tokens == k * UBATCH
-                assert m.epoch_complete is False
+                expect("CANCEL-02", fi.hits("compute") == k, f"cancel at {k}: {fi.hits('compute')} computes ran")
+                expect("CANCEL-05", all(p.train for p in seen), f"cancel at {k}: an eval callback ran: {seen}")
+                expect("CANCEL-05", m.eval_micro_batches == 0 and m.eval_loss is None and m.eval_accuracy is None,
+                       f"cancel at {k}: evaluation metrics {m}")
+                expect("CANCEL-06", (m.train_micro_batches, m.optimizer_steps) == (k, k // accumulation),
+                       f"cancel at {k}: {m.train_micro_batches} micro-batches, {m.optimizer_steps} steps reported")
+                expect("CANCEL-06", m.logical_tokens == m.physical_tokens == k * UBATCH,
+                       f"cancel at {k}: {m.logical_tokens}/{m.physical_tokens} tokens reported")
+                expect("CANCEL-06", m.epoch_complete is False, f"cancel at {k}: epoch_complete")
             for j in range(1, n_eval + 1):
                 fi.reset()
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(j, [], train=False))
-                assert fi.hits("compute") == n_train + j, f"cancel at eval {j}: {fi.hits('compute')} computes ran"
-                assert (m.train_micro_batches, m.eval_micro_batches, m.optimizer_steps) == (n_train, j, n_train)
-                assert m.logical_tokens == m.physical_tokens == (n_train + j) * UBATCH
-                assert m.eval_loss is not None and m.epoch_complete is (j == n_eval)
+                expect("CANCEL-02", fi.hits("compute") == n_train + j, f"cancel at eval {j}: {fi.hits('compute')} computes")
+                expect("CANCEL-06", (m.train_micro_batches, m.eval_micro_batches) == (n_train, j),
+                       f"cancel at eval {j}: {m.train_micro_batches}/{m.eval_micro_batches} reported")
+                expect("CANCEL-06", m.logical_tokens == m.physical_tokens == (n_train + j) * UBATCH,
+                       f"cancel at eval {j}: tokens {m.logical_tokens}")
+                expect("CANCEL-06", m.eval_loss is not None and m.epoch_complete is (j == n_eval), f"cancel at eval {j}: {m}")
 
 
 @pytest.mark.clause("CANCEL-03")
-def test_the_finished_micro_batch_stays_applied(backend, model_path, seed):
-    """Parameters after a cancel at micro-batch k equal those of an uncancelled run over the same
-    k micro-batches (one window per micro-batch, so the prefix is a dataset of its own)."""
+@pytest.mark.parametrize("optimizer, accumulation", [("sgd", 1), ("adamw", 2)])
+def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optimizer, accumulation):
+    """Parameters after a cancel at micro-batch k, where k closes an accumulation period, equal
+    those of an uncancelled run over the same k micro-batches (one window per micro-batch)."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(4, 256, probe.n_vocab, seed + 11)
-    sgd = retro.SGD(lr=0.05)
-    for k in range(1, 4):
+    opt = OPTIMIZERS[optimizer]
+    for k in range(accumulation, 4, accumulation):
         with support.load(backend, model_path) as model, support.context(model) as ctx:
-            with retro.Trainer(ctx, optimizer=sgd) as tr:
+            with retro.Trainer(ctx, optimizer=opt, accumulation=accumulation) as tr:
                 tr.epoch(ds, progress=_stop_at(k, []))  # the counts are CANCEL-02/06's; here, the parameters
             cancelled = model.parameters()
         with support.load(backend, model_path) as model, support.context(model) as ctx:
-            with retro.Trainer(ctx, optimizer=sgd) as tr:
-                assert tr.epoch(support.subset(ds, slice(0, k))).epoch_complete
+            with retro.Trainer(ctx, optimizer=opt, accumulation=accumulation) as tr:
+                tr.epoch(support.subset(ds, slice(0, k)))
             reference = model.parameters()
-        support.assert_params_equal(cancelled, reference, backend, f"cancelled at {k} vs the first {k} micro-batches")
+        with bound("CANCEL-03"):
+            support.assert_params_equal(cancelled, reference, backend, f"cancelled at {k} vs the first {k} micro-batches")
 
 
 @pytest.mark.clause("CANCEL-04")
-def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, seed):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, seed, optimizer):
     """Accumulation 2, cancelled after the first micro-batch of the second period: that
-    micro-batch's gradient is discarded. A later call then equals a run that never saw it."""
+    micro-batch's gradient is discarded. A later call then equals a run that never saw it; the
+    accumulators read back are zero right after the cancel."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(5, 256, probe.n_vocab, seed + 12)
-    sgd = retro.SGD(lr=0.05)
+    opt = OPTIMIZERS[optimizer]
     first, discarded, later = support.subset(ds, slice(0, 2)), support.subset(ds, slice(0, 3)), support.subset(ds, slice(3, 5))
     with support.load(backend, model_path) as model, support.context(model) as ctx:
-        with retro.Trainer(ctx, optimizer=sgd, accumulation=2) as tr:
+        with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             tr.epoch(discarded, progress=_stop_at(3, []))
-            position_after_cancel = tr.period_position
+            expect("CANCEL-04", tr.period_position == 0, f"{tr.period_position} micro-batches of a period survived the cancel")
+            acc = tr.gradient_accumulator("output.weight")
+            expect("CANCEL-04", acc is not None and not acc.any(), "a partial gradient survived the cancel")
             tr.epoch(later)
         cancelled = model.parameters()
     with support.load(backend, model_path) as model, support.context(model) as ctx:
-        with retro.Trainer(ctx, optimizer=sgd, accumulation=2) as tr:
+        with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             tr.epoch(first)
             tr.epoch(later)
         reference = model.parameters()
-    support.assert_params_equal(cancelled, reference, backend, "after a discarded period vs never seeing it")
-    assert position_after_cancel == 0, "a partial accumulation period survived the cancel"
+    with bound("CANCEL-04"):
+        support.assert_params_equal(cancelled, reference, backend, "after a discarded period vs never seeing it")
 
 
 @pytest.mark.clause("CANCEL-01")
 def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backend, model_path, seed):
     """A C-level callback with upstream ggml's ggml_opt_epoch_callback signature is called after
-    every micro-batch with its arguments; a progress callback returning False makes exactly one
-    llama_opt_request_stop, and a run that is not cancelled makes none."""
+    every micro-batch with its arguments, beside the progress callback; a progress callback
+    returning False makes exactly one llama_opt_request_stop (counted by llama.cpp itself), and a
+    run that is not cancelled makes none."""
     calls: list[tuple[bool, int, int, bool, bool]] = []
 
     @retro.EpochCallback
@@ -110,33 +128,56 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
         ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, 256, model.n_vocab, seed + 13)
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
-            fi.reset()
-            tr.epoch(ds, val_fraction=frac, progress=lambda p: True, epoch_callback=c_callback)
-            assert calls == [(True, i, n_train, True, True) for i in range(1, n_train + 1)] + \
-                [(False, j, n_eval, True, True) for j in range(1, n_eval + 1)]
-            assert fi.hits("stop_request") == 0
+            progress_calls: list[int] = []
+
+            def progress(p: retro.Progress) -> bool:
+                progress_calls.append(p.done)
+                return True
+
+            tr.epoch(ds, val_fraction=frac, progress=progress, epoch_callback=c_callback)
+            expect("CANCEL-01", calls == [(True, i, n_train, True, True) for i in range(1, n_train + 1)] +
+                   [(False, j, n_eval, True, True) for j in range(1, n_eval + 1)], f"C callback calls {calls}")
+            expect("CANCEL-01", len(progress_calls) == n_train + n_eval, f"progress ran {len(progress_calls)} times")
+            expect("CANCEL-01", tr.stop_requests == 0, f"{tr.stop_requests} stop requests without a cancel")
             for k in (1, 3):
                 calls.clear()
-                fi.reset()
+                before = tr.stop_requests
                 tr.epoch(ds, val_fraction=frac, progress=_stop_at(k, []), epoch_callback=c_callback)
-                assert [c[1] for c in calls] == list(range(1, k + 1))
-                assert fi.hits("stop_request") == 1, f"cancel at {k}: {fi.hits('stop_request')} stop requests"
+                expect("CANCEL-01", [c[1] for c in calls] == list(range(1, k + 1)), f"cancel at {k}: C calls {calls}")
+                expect("CANCEL-01", tr.stop_requests - before == 1,
+                       f"cancel at {k}: {tr.stop_requests - before} stop requests reached llama.cpp")
 
 
 @pytest.mark.clause("CANCEL-07")
 def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
-    """With duty cycle < 1 the limiter sleeps before each next compute; a cancel (or the end of
-    the call) drops the debt instead of sleeping it."""
+    """With duty cycle d < 1 the limiter owes compute * (1 - d) / d of sleep after each micro-batch
+    and pays it before the next compute; a cancel drops the debt instead of sleeping it. Measured
+    by the wall clock from the cancelling callback to the call's return, not by the binding's own
+    accounting."""
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
         ds = support.windows(WINDOWS_TRAIN, 256, model.n_vocab, seed + 14)
-        n_train = WINDOWS_TRAIN * PER_WINDOW
-        for duty, k in ((0.05, 1), (0.5, 3), (0.5, n_train)):
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+            tr.epoch(support.subset(ds, slice(0, 1)))  # warm up
+            t0 = time.monotonic()
+            tr.epoch(support.subset(ds, slice(0, 1)))
+            compute_s = (time.monotonic() - t0) / PER_WINDOW  # one micro-batch, unthrottled
+        for duty, k in ((0.02, 1), (0.1, 3)):
+            cancelled_at: list[float] = []
+
+            def progress(p: retro.Progress) -> bool:
+                if p.done == k:
+                    cancelled_at.append(time.monotonic())
+                    return False
+                return True
+
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), duty_cycle=duty) as tr:
-                fi.reset()
-                m = tr.epoch(ds, progress=_stop_at(k, []))
-                assert m.train_micro_batches == k
-                assert fi.hits("limiter_sleep") == k - 1, f"duty {duty}, stop at {k}: {fi.hits('limiter_sleep')} sleeps"
-                assert (m.throttle_s > 0) == (k > 1)
+                m = tr.epoch(ds, progress=progress)
+                way_out = time.monotonic() - cancelled_at[0]
+            owed = compute_s * (1 - duty) / duty  # the debt of the cancelled micro-batch
+            expect("CANCEL-07", m.train_micro_batches == k, f"stopped after {m.train_micro_batches}, not {k}")
+            expect("CANCEL-07", way_out < 0.5 * owed,
+                   f"duty {duty}, stop at {k}: {way_out * 1e3:.1f} ms from the cancel to the return, "
+                   f"with {owed * 1e3:.1f} ms of debt owed")
 
 
 @pytest.mark.clause("CANCEL-08")
@@ -177,10 +218,11 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
 
             outer.epoch(ds, progress=outer_progress)
             fi.reset()
-            assert outer_calls == [1, 2, 3, 4], f"{exit_kind}: the outer progress saw {outer_calls}"
-            assert inner_calls == want, f"{exit_kind}: the inner progress saw {inner_calls}"
+            expect("CANCEL-08", outer_calls == [1, 2, 3, 4], f"{exit_kind}: the outer progress saw {outer_calls}")
+            expect("CANCEL-08", inner_calls == want, f"{exit_kind}: the inner progress saw {inner_calls}")
             outer_calls.clear()
             inner_calls.clear()
             inner.epoch(ds)
             outer.epoch(ds)
-            assert outer_calls == inner_calls == [], f"{exit_kind}: a call without progress reached {outer_calls or inner_calls}"
+            expect("CANCEL-08", outer_calls == inner_calls == [],
+                   f"{exit_kind}: a call without progress reached {outer_calls or inner_calls}")

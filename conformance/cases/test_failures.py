@@ -7,23 +7,29 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fault_injection as fi
 import retro
-from conformance import support
+import retro.fault_injection as fi
+from retro.conformance import support
+from retro.conformance.evidence import bound, expect
+from retro.testing import micro_batch
 
-# site -> (its FAIL-04 sub-clause, the error class, a line the native library logs for it)
+# site -> (its FAIL-04 sub-clause, the error class, the line the native library logs there)
 BEFORE_COMPUTE = {
     "batch_init": ("FAIL-04a", retro.BatchInitError, "failed to initialize batch"),
     "memory_init": ("FAIL-04b", retro.MemoryInitError, "could not initialize the memory"),
     "output_reserve": ("FAIL-04c", retro.OutputReserveError, "could not reserve space"),
+    "memory_apply": ("FAIL-04b", retro.MemoryInitError, "failed to update the memory context"),
     "graph_build": ("FAIL-04d", retro.GraphBuildError, "failed to build the training graph"),
+    "graph_meta": ("FAIL-04d", retro.GraphBuildError, "failed to allocate the graph metadata"),
     "alloc": ("FAIL-04e", retro.AllocationError, "failed to allocate the training graph"),
 }
 SITES = {**{s: v[1:] for s, v in BEFORE_COMPUTE.items()}, "compute": (retro.ComputeError, "backend compute failed")}
+assert set(SITES) == set(fi.SITES), "a fault site of the fork has no failure check"
 
 
-def _trainer(ctx: retro.Context, accumulation: int = 1) -> retro.Trainer:
-    return retro.Trainer(ctx, optimizer=retro.SGD(lr=0.05), accumulation=accumulation)
+def _trainer(ctx: retro.Context, accumulation: int = 1, optimizer: str = "sgd") -> retro.Trainer:
+    opt = retro.SGD(lr=0.05) if optimizer == "sgd" else retro.AdamW(lr=2e-3)
+    return retro.Trainer(ctx, optimizer=opt, accumulation=accumulation)
 
 
 @pytest.mark.clause("FAIL-01")
@@ -36,47 +42,67 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
             fi.arm(site, 2)
             with pytest.raises(retro.RetroError) as err:
                 tr.epoch(ds)
-            assert type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}"
-            assert diagnostic in str(err.value), f"{site}: no native diagnostic in {str(err.value)!r}"
+            expect("FAIL-01", type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}")
+            expect("FAIL-01", diagnostic in str(err.value), f"{site}: no native diagnostic in {str(err.value)!r}")
 
 
 @pytest.mark.clause("FAIL-02", "FAIL-03")
-@pytest.mark.parametrize("site", ["alloc", "compute"])
-def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_path, seed, site):
+@pytest.mark.parametrize("site, optimizer, accumulation", [("alloc", "sgd", 1), ("compute", "sgd", 1),
+                                                            ("graph_build", "adamw", 2), ("compute", "adamw", 2)])
+def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_path, seed, site, optimizer, accumulation):
     """Failing micro-batch k: the progress callback saw only 1..k-1, and the optimizer iteration
-    is the one the last completed step left (accumulation 1: one step per micro-batch)."""
+    is the one the last completed step left."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(2, 256, probe.n_vocab, seed + 21)
     for k in (1, 3, 8):
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx) as tr:
+        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
+                _trainer(ctx, accumulation, optimizer) as tr:
             seen: list[int] = []
+
+            def progress(p: retro.Progress) -> bool:
+                seen.append(p.done)
+                return True
+
             fi.reset()
             fi.arm(site, k)
             with pytest.raises(retro.TrainingError):
-                tr.epoch(ds, progress=lambda p: seen.append(p.done))
-            assert seen == list(range(1, k)), f"{site} at {k}: callbacks for {seen}"
-            assert tr.iteration == k, f"{site} at {k}: cursor {tr.iteration}, last completed step leaves {k}"
+                tr.epoch(ds, progress=progress)
+            expect("FAIL-02", seen == list(range(1, k)), f"{site} at {k}: callbacks for {seen}")
+            completed_steps = (k - 1) // accumulation
+            expect("FAIL-03", tr.iteration == 1 + completed_steps,
+                   f"{site} at {k}: cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}")
 
 
 def _check_state_dropped(backend, model_path, seed, site):
-    """Failing the second micro-batch of an accumulation period of 2 (the first one has left a
-    gradient and 64 positions in the KV cache): the accumulators are zero, the period restarts,
-    the sequence state is empty, and the trainer's next call completes."""
+    """From a trained state, a micro-batch of an accumulation period of 2 has left a gradient and
+    64 positions in the KV cache; the next one fails at the site. Observed right after the failed
+    step (retro.testing.micro_batch, before any epoch call tidies up): the sequence state is empty
+    (FAIL-04), and the period restarts with zero accumulators (the site's own sub-clause); the
+    trainer's next call completes."""
+    clause = BEFORE_COMPUTE[site][0]
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 22)
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx, 2) as tr:
-        fi.arm(site, 2)
+    tokens, labels = ds.tokens[0], ds.labels[0]
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
+            _trainer(ctx, 2, "adamw") as tr:
+        tr.epoch(ds)
+        micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+        expect("FAIL-04", ctx.sequence_length == 64 and tr.period_position == 1,
+               f"the first micro-batch left {ctx.sequence_length} positions, period position {tr.period_position}")
+        fi.reset()
+        fi.arm(site, 1)
         with pytest.raises(retro.BeforeComputeError):
-            tr.epoch(ds)
-        assert fi.failures(site) == 1
-        assert tr.period_position == 0, "the partial period survived"
-        assert ctx.sequence_length == 0, f"{ctx.sequence_length} positions left in the KV cache"
+            micro_batch(tr, tokens[64:128], labels[64:128], pos0=64)
+        expect(clause, fi.failures(site) == 1, f"{site}: the armed failure did not fire")
+        expect("FAIL-04", ctx.sequence_length == 0, f"{site}: {ctx.sequence_length} positions left in the KV cache")
+        expect(clause, tr.period_position == 0, f"{site}: the partial period survived ({tr.period_position})")
         accs = {n: tr.gradient_accumulator(n) for n in model.tensor_names()}
         live = [n for n, a in accs.items() if a is not None]
-        assert live, "no accumulator exists after a backward pass"
+        expect(clause, bool(live), f"{site}: no accumulator exists after a backward pass")
         nonzero = [n for n in live if np.any(accs[n] != 0)]
-        assert not nonzero, f"partial gradients kept in {nonzero[:3]}"
-        assert tr.epoch(ds).epoch_complete and not tr.poisoned
+        expect(clause, not nonzero, f"{site}: partial gradients kept in {nonzero[:3]}")
+        fi.reset()
+        expect(clause, tr.epoch(ds).epoch_complete and not tr.poisoned, f"{site}: the next call did not complete")
 
 
 def _state_dropped_check(site: str):
@@ -99,37 +125,44 @@ for _site in BEFORE_COMPUTE:
 @pytest.mark.clause("FAIL-05")
 @pytest.mark.parametrize("site", list(BEFORE_COMPUTE))
 def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend, model_path, seed, site):
+    """From a trained state (AdamW, accumulation 2), a call failing before compute, then a call
+    that completes, equals the same trained state followed by that call alone."""
     with support.load(backend, model_path, trainable=False) as probe:
-        failing = support.windows(1, 256, probe.n_vocab, seed + 23)
-        later = support.windows(1, 256, probe.n_vocab, seed + 24)
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx, 2) as tr:
-        fi.arm(site, 2)  # the first micro-batch's gradient is pending when the second one fails
-        with pytest.raises(retro.BeforeComputeError):
-            tr.epoch(failing)
-        fi.reset()
-        assert tr.epoch(later).epoch_complete
-        after_failure = model.parameters()
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx, 2) as tr:
-        tr.epoch(later)
-        fresh = model.parameters()
-    support.assert_params_equal(after_failure, fresh, backend, f"{site} failure then a call vs a fresh run")
+        warm = support.windows(1, 256, probe.n_vocab, seed + 23)
+        failing = support.windows(1, 256, probe.n_vocab, seed + 24)
+        later = support.windows(2, 256, probe.n_vocab, seed + 25)
+    runs = []
+    for fail in (True, False):
+        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
+                _trainer(ctx, 2, "adamw") as tr:
+            tr.epoch(warm)
+            if fail:
+                fi.arm(site, 2)  # the first micro-batch's gradient is pending when the second one fails
+                with pytest.raises(retro.BeforeComputeError):
+                    tr.epoch(failing)
+                fi.reset()
+            expect("FAIL-05", tr.epoch(later).epoch_complete, f"{site}: the call after the failure did not complete")
+            runs.append(model.parameters())
+    with bound("FAIL-05"):
+        support.assert_params_equal(runs[0], runs[1], backend, f"{site} failure then a call vs that call alone")
 
 
 @pytest.mark.clause("FAIL-07")
 def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed):
-    """Every later call raises PoisonedTrainerError without computing anything."""
+    """Every later call that computes or reads or writes training state raises
+    PoisonedTrainerError, and none reaches the backend."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(1, 256, probe.n_vocab, seed + 25)
+        ds = support.windows(1, 256, probe.n_vocab, seed + 26)
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx) as tr:
         fi.arm("compute", 2)
         with pytest.raises(retro.ComputeError):
             tr.epoch(ds)
-        assert tr.poisoned, "the compute failure was not recorded"
+        expect("FAIL-07", tr.poisoned, "the compute failure was not recorded")
         computes = fi.hits("compute")
-        for _ in range(2):
-            with pytest.raises(retro.PoisonedTrainerError):
-                tr.epoch(ds)
-        assert fi.hits("compute") == computes, "a poisoned trainer reached the backend"
+        for call in (lambda: tr.epoch(ds), lambda: tr.epoch(ds), tr.checkpoint):
+            with bound("FAIL-07"), pytest.raises(retro.PoisonedTrainerError):
+                call()
+        expect("FAIL-07", fi.hits("compute") == computes, "a poisoned trainer reached the backend")
 
 
 @pytest.mark.clause("FAIL-06")
@@ -139,7 +172,7 @@ def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed
     parameters equal those of a run that completed the first k-1 micro-batches. (After a backend
     compute failure the parameters may be partly written: FAIL-07, not this clause.)"""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 26)
+        ds = support.windows(4, 256, probe.n_vocab, seed + 27)
     k = 3
     with support.load(backend, model_path) as model, support.context(model) as ctx, _trainer(ctx) as tr:
         fi.arm(site, k)
@@ -150,17 +183,18 @@ def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed
         fi.reset()
         tr.epoch(support.subset(ds, slice(0, k - 1)))
         completed = model.parameters()
-    support.assert_params_equal(failed, completed, backend, f"{site} failure at {k} vs the {k - 1} steps before it")
+    with bound("FAIL-06"):
+        support.assert_params_equal(failed, completed, backend, f"{site} failure at {k} vs the {k - 1} steps before it")
 
 
 @pytest.mark.clause("FAIL-08")
 def test_recovery_restores_a_checkpoint_and_training_continues_identically(backend, model_path, seed, tmp_path):
-    """A compute failure poisons the trainer; a new trainer restoring a checkpoint (through a
-    file) has the checkpoint's parameters, AdamW moments and cursor, and trains on exactly as the
-    run that never failed."""
+    """A compute failure poisons the trainer after later steps moved the parameters on; a new
+    trainer restoring a checkpoint (through a file) has the checkpoint's parameters, AdamW moments
+    and cursor, and trains on exactly as the run that never failed."""
     with support.load(backend, model_path, trainable=False) as probe:
-        first = support.windows(2, 256, probe.n_vocab, seed + 27)
-        then = support.windows(2, 256, probe.n_vocab, seed + 28)
+        first = support.windows(2, 256, probe.n_vocab, seed + 28)
+        then = support.windows(2, 256, probe.n_vocab, seed + 29)
     adamw = retro.AdamW(lr=2e-3)
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=adamw) as tr:
@@ -171,18 +205,23 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=adamw) as tr:
             tr.epoch(first)
-            fi.arm("compute", 1)
+            fi.arm("compute", 2)  # then's first step lands, its second fails
             with pytest.raises(retro.ComputeError):
                 tr.epoch(then)
-            assert tr.poisoned
+            expect("FAIL-08", tr.poisoned, "the trainer is not poisoned")
         ckpt = retro.Checkpoint.load(saved)
+        expect("FAIL-08", support.changed(ckpt.parameters, model.parameters()),
+               "the failed call left the checkpoint's parameters: restoring would prove nothing")
         with retro.Trainer(ctx, optimizer=adamw) as fresh:
             fresh.restore(ckpt)
-            assert fresh.iteration == ckpt.iteration == 3
-            support.assert_params_equal(model.parameters(), ckpt.parameters, backend, "restored parameters")
+            expect("FAIL-08", fresh.iteration == ckpt.iteration == 3, f"cursor {fresh.iteration}, checkpoint {ckpt.iteration}")
+            with bound("FAIL-08"):
+                support.assert_params_equal(model.parameters(), ckpt.parameters, backend, "restored parameters")
             for name, (m, v) in ckpt.moments.items():
                 got = fresh.moments(name)
-                assert got is not None, f"{name}: no moments after restore"
-                support.assert_params_equal({"m": got[0], "v": got[1]}, {"m": m, "v": v}, backend, f"{name} moments")
+                with bound("FAIL-08"):
+                    assert got is not None, f"{name}: no moments after restore"
+                    support.assert_params_equal({"m": got[0], "v": got[1]}, {"m": m, "v": v}, backend, f"{name} moments")
             fresh.epoch(then)
-            support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")
+            with bound("FAIL-08"):
+                support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")

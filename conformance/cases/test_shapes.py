@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fault_injection as fi
 import retro
-from conformance import support
+import retro.fault_injection as fi
+from retro.conformance import support
+from retro.conformance.evidence import expect
 
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 TYPED = (ValueError, TypeError, OverflowError)
@@ -71,9 +72,9 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
         def check(call: dict) -> None:
             fi.reset()
             err = raised(lambda: tr.epoch(**call))
-            assert isinstance(err, TYPED), f"raised {err!r}, expected a ValueError, TypeError or OverflowError"
-            assert fi.hits("compute") == 0, "a bad call reached the backend"
-            assert _state(model, tr) == before, "a rejected call changed the trainer's state"
+            expect("SHAPE-01", isinstance(err, TYPED), f"raised {err!r}, expected a ValueError, TypeError or OverflowError")
+            expect("SHAPE-01", fi.hits("compute") == 0, "a bad call reached the backend")
+            expect("SHAPE-01", _state(model, tr) == before, "a rejected call changed the trainer's state")
 
         check()
 
@@ -97,9 +98,9 @@ def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, mode
             ]
             for what, call in past:
                 err = raised(call)
-                assert type(err) is OverflowError, f"{what}: raised {err!r}, expected OverflowError"
-            assert ctx.n_past == 0, "a rejected decode reached the context"
+                expect("SHAPE-02", type(err) is OverflowError, f"{what}: raised {err!r}, expected OverflowError")
+            expect("SHAPE-02", ctx.n_past == 0, "a rejected decode reached the context")
             # at the limit the bound holds without wrapping: INT32_MAX micro-batches per step is legal
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=INT32_MAX) as tr:
                 m = tr.epoch(support.windows(1, 256, model.n_vocab, seed + 31))
-                assert (m.optimizer_steps, tr.period_position) == (0, 4)
+                expect("SHAPE-02", (m.optimizer_steps, tr.period_position) == (0, 4), f"at INT32_MAX: {m}")

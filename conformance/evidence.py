@@ -1,0 +1,86 @@
+"""Clause-bound assertions: how a conformance check asserts what it proves.
+
+``expect("FAIL-05", cond, "why")`` and ``with bound("BASE-03"): ...`` (for numpy's and pytest's own
+assertions) tie every assertion to one clause. The plugin runs each check intact, where any bound
+assertion that fails fails the check, and once per seeded defect of each clause it cites, where
+only assertions bound to that defect's clause are enforced: the others are recorded and the check
+goes on, so that a defect counts as caught for clause X only when an assertion bound to X failed.
+An intact run that never asserted through a clause it cites fails: that citation proves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+
+class ClauseViolation(AssertionError):
+    """A failed assertion bound to a clause."""
+
+    def __init__(self, clause: str, message: str) -> None:
+        super().__init__(f"{clause}: {message}")
+        self.clause = clause
+        self.message = message
+
+
+@dataclass
+class Ledger:
+    """What one case asserted: the clauses it asserted through, and what failed under a defect."""
+
+    enforced: str | None  # the clause whose assertions raise; None: every clause's (intact run)
+    asserted: set[str] = field(default_factory=set)
+    tolerated: list[ClauseViolation] = field(default_factory=list)  # failed, not enforced here
+
+    def record(self, violation: ClauseViolation | None, clause: str) -> None:
+        self.asserted.add(clause)
+        if violation is None:
+            return
+        if self.enforced is None or self.enforced == clause:
+            raise violation
+        self.tolerated.append(violation)
+
+
+_ledger: Ledger | None = None
+
+
+def begin(enforced: str | None) -> Ledger:
+    global _ledger
+    _ledger = Ledger(enforced)
+    return _ledger
+
+
+def end() -> None:
+    global _ledger
+    _ledger = None
+
+
+def _record(violation: ClauseViolation | None, clause: str) -> None:
+    if _ledger is None:  # outside a conformance case (a helper used from tests/): plain assert
+        if violation is not None:
+            raise violation
+        return
+    _ledger.record(violation, clause)
+
+
+def expect(clause: str, condition: object, message: str = "") -> None:
+    """Assert `condition` as evidence for `clause`."""
+    _record(None if condition else ClauseViolation(clause, message or "expectation failed"), clause)
+
+
+@contextmanager
+def bound(clause: str) -> Iterator[None]:
+    """Bind the assertions inside (numpy.testing, pytest.raises, plain assert) to `clause`. Where
+    the clause is not enforced (another clause's defect run), a failure inside is recorded and the
+    block is left."""
+    try:
+        yield
+    except (AssertionError, pytest.fail.Exception) as err:
+        if isinstance(err, ClauseViolation):
+            raise
+        text = (str(err).strip().splitlines() or ["assertion failed"])[0]
+        _record(ClauseViolation(clause, text), clause)
+    else:
+        _record(None, clause)
