@@ -31,9 +31,12 @@ class Backend:
         return "; ".join(d["description"] for d in self.devices)
 
     def to_json(self) -> dict:
-        return {"status": "available" if self.available else "not available", "reason": self.reason,
-                "device": self.description,
-                "devices": [{k: d[k] for k in ("name", "description", "memory_total")} for d in self.devices]}
+        return {
+            "status": "available" if self.available else "not available",
+            "reason": self.reason,
+            "device": self.description,
+            "devices": [{k: d[k] for k in ("name", "description", "memory_total")} for d in self.devices],
+        }
 
 
 def discover() -> dict[str, Backend]:

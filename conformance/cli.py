@@ -50,7 +50,9 @@ def _read_log(path: Path) -> tuple[list[dict], dict | None]:
     return done, open_start
 
 
-def _run_watched(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, case_timeout: float) -> tuple[int, str, bool]:
+def _run_watched(
+    cmd: list[str], cwd: Path, env: dict[str, str], log: Path, case_timeout: float
+) -> tuple[int, str, bool]:
     """Run a child pytest; kill it (and whatever it started) when one case outlives case_timeout."""
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -75,11 +77,26 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
     skip: list[str] = []
     for _ in range(MAX_RESTARTS):
         log.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pytest", str(args.cases), "-c", str(INI), "--rootdir", str(args.cases.parent),
-               "-q", "--no-header", "--import-mode=importlib", "-p", "retro.conformance.plugin",
-               "-p", "_hypothesis_pytestplugin",
-               f"--backend={name}", f"--results-log={log}",
-               f"--retro-seed={args.seed}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(args.cases),
+            "-c",
+            str(INI),
+            "--rootdir",
+            str(args.cases.parent),
+            "-q",
+            "--no-header",
+            "--import-mode=importlib",
+            "-p",
+            "retro.conformance.plugin",
+            "-p",
+            "_hypothesis_pytestplugin",
+            f"--backend={name}",
+            f"--results-log={log}",
+            f"--retro-seed={args.seed}",
+        ]
         if args.clauses:
             cmd.append(f"--clauses={args.clauses}")
         if args.no_defects:
@@ -102,17 +119,40 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
                 raise RuntimeError(f"pytest on backend {name} ended with code {returncode}:\n{output[-4000:]}")
             return cases
         tail = "\n".join(output.strip().splitlines()[-15:])
-        what = (f"the case ran over {args.case_timeout:g} s and its interpreter was killed" if timed_out
-                else f"the interpreter died (exit code {returncode}) running this case")
-        cases.append({"event": "result", "nodeid": crashed["nodeid"], "id": crashed["id"], "clauses": crashed["clauses"],
-                      "backend": name, "defect": crashed["defect"], "outcome": "crash",
-                      "duration_s": round(time.time() - crashed["t"], 3), "message": f"{what}\n{tail}"})
+        what = (
+            f"the case ran over {args.case_timeout:g} s and its interpreter was killed"
+            if timed_out
+            else f"the interpreter died (exit code {returncode}) running this case"
+        )
+        cases.append(
+            {
+                "event": "result",
+                "nodeid": crashed["nodeid"],
+                "id": crashed["id"],
+                "clauses": crashed["clauses"],
+                "backend": name,
+                "defect": crashed["defect"],
+                "outcome": "crash",
+                "duration_s": round(time.time() - crashed["t"], 3),
+                "message": f"{what}\n{tail}",
+            }
+        )
         skip.append(crashed["nodeid"])
     # every case crashing (a broken build): what ran is reported, the rest is one crash record
-    cases.append({"event": "result", "nodeid": f"{name}::restart-budget", "id": "restart budget",
-                  "clauses": registry.select(args.clauses.split(",") if args.clauses else None),
-                  "backend": name, "defect": None, "outcome": "crash", "duration_s": 0.0, "caught": None,
-                  "message": f"{MAX_RESTARTS} interpreters died; the cases not yet run were abandoned"})
+    cases.append(
+        {
+            "event": "result",
+            "nodeid": f"{name}::restart-budget",
+            "id": "restart budget",
+            "clauses": registry.select(args.clauses.split(",") if args.clauses else None),
+            "backend": name,
+            "defect": None,
+            "outcome": "crash",
+            "duration_s": 0.0,
+            "caught": None,
+            "message": f"{MAX_RESTARTS} interpreters died; the cases not yet run were abandoned",
+        }
+    )
     return cases
 
 
@@ -120,14 +160,23 @@ def run_info(args: argparse.Namespace) -> dict:
     import retro
 
     info = retro.build_info()
-    return {"start_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "retro": retro.__version__, "llama_cpp": info["llama_cpp_commit"], "llama_cpp_source": info["source"],
-            "patch_series_sha256": info["patch_series_sha256"], "patches": info["patches"],
-            "built_backends": info["backends"], "python": platform.python_version(),
-            "platform": platform.platform(), "host": platform.node(), "seed": args.seed,
-            "selection": args.clauses or "all", "seeded_defects": not args.no_defects,
-            **({"partial": f"-k {args.keyword}"} if args.keyword else {}),
-            "command": " ".join(["retro-conformance", *sys.argv[1:]])}
+    return {
+        "start_time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "retro": retro.__version__,
+        "llama_cpp": info["llama_cpp_commit"],
+        "llama_cpp_source": info["source"],
+        "patch_series_sha256": info["patch_series_sha256"],
+        "patches": info["patches"],
+        "built_backends": info["backends"],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": platform.node(),
+        "seed": args.seed,
+        "selection": args.clauses or "all",
+        "seeded_defects": not args.no_defects,
+        **({"partial": f"-k {args.keyword}"} if args.keyword else {}),
+        "command": " ".join(["retro-conformance", *sys.argv[1:]]),
+    }
 
 
 def certify(args: argparse.Namespace) -> int:
@@ -189,19 +238,31 @@ def list_clauses(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="retro-conformance", description="Certify the retro contracts on this machine's backends.")
+    ap = argparse.ArgumentParser(
+        prog="retro-conformance", description="Certify the retro contracts on this machine's backends."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
     c.add_argument("--backend", default="cpu", help="cpu (default), cuda, vulkan, metal or all; comma-separated")
     c.add_argument("--out", type=Path, default=Path("conformance-results"))
-    c.add_argument("--clauses", default=None, help="certify only these clauses: comma-separated IDs, or prefixes of IDs (e.g. BASE,FAIL-04,TX-)")
+    c.add_argument(
+        "--clauses",
+        default=None,
+        help="certify only these clauses: comma-separated IDs, or prefixes of IDs (e.g. BASE,FAIL-04,TX-)",
+    )
     c.add_argument("--seed", type=int, default=0, help="seed of the generated models and data")
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
-    c.add_argument("--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)")
-    c.add_argument("--case-timeout", type=float, default=900.0,
-                   help="seconds one check may run before its interpreter is killed and it is reported as a crash")
+    c.add_argument(
+        "--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)"
+    )
+    c.add_argument(
+        "--case-timeout",
+        type=float,
+        default=900.0,
+        help="seconds one check may run before its interpreter is killed and it is reported as a crash",
+    )
     c.set_defaults(func=certify)
     m = sub.add_parser("merge", help="merge the results of several shards or machines into one verdict")
     m.add_argument("shards", nargs="+", help="folders holding a results.json each")

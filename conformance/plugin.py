@@ -63,15 +63,21 @@ def not_supported(reason: str) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("retro-conformance")
-    g.addoption("--backend", default=None, help="backends to certify: cpu (default), cuda, vulkan, metal, all; comma-separated")
+    g.addoption(
+        "--backend", default=None, help="backends to certify: cpu (default), cuda, vulkan, metal, all; comma-separated"
+    )
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
     g.addoption("--retro-seed", type=int, default=0, help="seed of the generated test models and data")
-    g.addoption("--clauses", default=None, help="run only checks citing a clause with one of these comma-separated prefixes")
+    g.addoption(
+        "--clauses", default=None, help="run only checks citing a clause with one of these comma-separated prefixes"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves")
+    config.addinivalue_line(
+        "markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves"
+    )
     from retro._native import hooks
 
     registry.check_switches(list(hooks.defects()))
@@ -100,7 +106,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses.toml")
     if "backend" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{where}: a conformance check must take the `backend` fixture")
-    defects = [] if metafunc.config.getoption("--no-defects") else [d for c in marker.args for d in registry.defects_of(c)]
+    defects = (
+        [] if metafunc.config.getoption("--no-defects") else [d for c in marker.args for d in registry.defects_of(c)]
+    )
     variants = [Variant(b, d) for b in metafunc.config.stash[_SELECTED] for d in [None, *defects]]
     metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
 
@@ -174,13 +182,16 @@ def pytest_runtest_call(item: pytest.Item):
             return None
         except Exception as err:  # noqa: BLE001 - an error is not an assertion bound to the clause
             meta.outcome = "survived"
-            meta.message = f"seeded defect {defect.id}: raised {type(err).__name__}: {str(err)[:300]} " \
-                           f"before any assertion bound to {defect.clause} failed"
+            meta.message = (
+                f"seeded defect {defect.id}: raised {type(err).__name__}: {str(err)[:300]} "
+                f"before any assertion bound to {defect.clause} failed"
+            )
             return None
         meta.outcome = "survived"
         others = "; ".join(str(v) for v in ledger.tolerated[:3])
-        meta.message = f"seeded defect {defect.id} survived every assertion bound to {defect.clause}" + \
-            (f" (other clauses' assertions failed: {others})" if others else "")
+        meta.message = f"seeded defect {defect.id} survived every assertion bound to {defect.clause}" + (
+            f" (other clauses' assertions failed: {others})" if others else ""
+        )
         return None
     finally:
         evidence.end()
@@ -206,8 +217,17 @@ class Recorder:
         meta = item.stash.get(_META, None)
         if meta is not None:
             self.active[item.nodeid] = meta
-            self.log({"event": "start", "nodeid": item.nodeid, "id": meta.case, "clauses": meta.clauses,
-                      "backend": meta.variant.backend, "defect": meta.variant.defect, "t": time.time()})
+            self.log(
+                {
+                    "event": "start",
+                    "nodeid": item.nodeid,
+                    "id": meta.case,
+                    "clauses": meta.clauses,
+                    "backend": meta.variant.backend,
+                    "defect": meta.variant.defect,
+                    "t": time.time(),
+                }
+            )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         meta = self.active.get(report.nodeid)
@@ -221,9 +241,9 @@ class Recorder:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             reason = reason.removeprefix("Skipped: ")
             if reason.startswith(NOT_AVAILABLE):
-                meta.outcome, meta.message = "not available", reason[len(NOT_AVAILABLE):]
+                meta.outcome, meta.message = "not available", reason[len(NOT_AVAILABLE) :]
             elif reason.startswith(NOT_SUPPORTED):
-                meta.outcome, meta.message = "not supported", reason[len(NOT_SUPPORTED):]
+                meta.outcome, meta.message = "not supported", reason[len(NOT_SUPPORTED) :]
             else:
                 # a plain skip is no result: it must never read as a pass
                 meta.outcome, meta.message = "fail", f"skipped without a result code: {reason}"
@@ -234,10 +254,20 @@ class Recorder:
         meta = self.active.pop(nodeid, None)
         if meta is None:
             return
-        self.log({
-            "event": "result", "nodeid": nodeid, "id": meta.case, "clauses": meta.clauses,
-            "backend": meta.variant.backend, "defect": meta.variant.defect, "outcome": meta.outcome or "fail",
-            "duration_s": round(meta.duration, 6), "message": meta.message[:4000], "caught": meta.caught})
+        self.log(
+            {
+                "event": "result",
+                "nodeid": nodeid,
+                "id": meta.case,
+                "clauses": meta.clauses,
+                "backend": meta.variant.backend,
+                "defect": meta.variant.defect,
+                "outcome": meta.outcome or "fail",
+                "duration_s": round(meta.duration, 6),
+                "message": meta.message[:4000],
+                "caught": meta.caught,
+            }
+        )
 
 
 def _failure_text(report: pytest.TestReport) -> str:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-ID_PATTERN = re.compile(r"^(BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?$")
+ID_PATTERN = re.compile(
+    r"^(BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?$"
+)
 DEFECT_PATTERN = re.compile(r"^(?P<clause>[A-Z-]+-\d{2}[a-f]?)(\.[a-z0-9-]+)?$")
 
 
@@ -86,8 +88,10 @@ def check_switches(compiled: list[str]) -> None:
     """The descriptions must match the switches compiled into the build, one to one."""
     described = set(defects())
     if set(compiled) != described:
-        raise ValueError("mutants.toml and fault_injection/native/retro-defects.def disagree: "
-                         f"undescribed {sorted(set(compiled) - described)}, without a switch {sorted(described - set(compiled))}")
+        raise ValueError(
+            "mutants.toml and fault_injection/native/retro-defects.def disagree: "
+            f"undescribed {sorted(set(compiled) - described)}, without a switch {sorted(described - set(compiled))}"
+        )
 
 
 def unknown_ids(ids: list[str] | tuple[str, ...]) -> list[str]:

@@ -18,8 +18,16 @@ SCHEMA = 2
 #: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
 CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available", "caught", "survived")
 #: statuses of a clause on a backend; only "pass" counts towards "certified"
-CLAUSE_CODES = ("pass", "fail", "crash", "expected failure", "not supported", "not covered", "not available",
-                "not selected")
+CLAUSE_CODES = (
+    "pass",
+    "fail",
+    "crash",
+    "expected failure",
+    "not supported",
+    "not covered",
+    "not available",
+    "not selected",
+)
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
 
 
@@ -100,8 +108,14 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
     return "pass", f"{len(passed)} check run(s) passed; defects caught: {how}"
 
 
-def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected: list[str],
-              expectations: dict[str, list[Expectation]] | None = None, shards: list[dict] | None = None) -> dict:
+def aggregate(
+    run: dict,
+    backends: dict[str, dict],
+    cases: list[dict],
+    selected: list[str],
+    expectations: dict[str, list[Expectation]] | None = None,
+    shards: list[dict] | None = None,
+) -> dict:
     """Every clause of the registry gets a status per backend; the verdict counts the selected ones
     (the others read "not selected")."""
     cases = apply_expectations(cases, expectations or {})
@@ -125,9 +139,17 @@ def aggregate(run: dict, backends: dict[str, dict], cases: list[dict], selected:
             ok = all(clauses[cid][name] == "pass" for cid in chosen)
             # a run that left out checks of its selected clauses (-k) never certifies them
             verdict[name] = "certified" if ok and chosen and not partial else "not certified"
-    out = {"schema": SCHEMA, "run": run, "shards": shards or [run], "selected": [c for c in registry.clauses() if c in chosen],
-           "backends": backends, "clauses": clauses, "clause_details": why,
-           "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")), "verdict": verdict}
+    out = {
+        "schema": SCHEMA,
+        "run": run,
+        "shards": shards or [run],
+        "selected": [c for c in registry.clauses() if c in chosen],
+        "backends": backends,
+        "clauses": clauses,
+        "clause_details": why,
+        "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")),
+        "verdict": verdict,
+    }
     out["digest"] = digest(out)
     return out
 
@@ -153,8 +175,11 @@ def merge(parts: list[dict]) -> dict:
         verify(p)
     builds = {tuple(s.get(k) for k in BUILD_KEYS) for p in parts for s in p["shards"]}
     if len(builds) > 1:
-        raise ValueError("the shards come from different builds (" + "; ".join(
-            ", ".join(f"{k}={v}" for k, v in zip(BUILD_KEYS, b)) for b in sorted(builds, key=str)) + ")")
+        raise ValueError(
+            "the shards come from different builds ("
+            + "; ".join(", ".join(f"{k}={v}" for k, v in zip(BUILD_KEYS, b)) for b in sorted(builds, key=str))
+            + ")"
+        )
     backends: dict[str, dict] = {}
     for p in parts:
         for name, b in p["backends"].items():
@@ -162,8 +187,12 @@ def merge(parts: list[dict]) -> dict:
                 backends[name] = b
     selected = list(dict.fromkeys(cid for p in parts for cid in p["selected"]))
     shards = [s for p in parts for s in p["shards"]]
-    run = {"merged": True, "shards": len(shards), "start_time": min(s.get("start_time", "") for s in shards),
-           **{k: shards[0].get(k) for k in BUILD_KEYS}}
+    run = {
+        "merged": True,
+        "shards": len(shards),
+        "start_time": min(s.get("start_time", "") for s in shards),
+        **{k: shards[0].get(k) for k in BUILD_KEYS},
+    }
     partial = [s["partial"] for s in shards if s.get("partial")]
     if partial:
         run["partial"] = "; ".join(partial)
@@ -172,6 +201,7 @@ def merge(parts: list[dict]) -> dict:
 
 
 # ---- outputs -------------------------------------------------------------------------------------
+
 
 def write_all(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -184,11 +214,17 @@ def write_junit(results: dict, path: Path) -> None:
     root = ET.Element("testsuites", name="retro-conformance")
     for name, b in results["backends"].items():
         cases = [c for c in results["cases"] if c["backend"] == name]
-        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)),
-                              failures=str(sum(c["outcome"] == "fail" for c in cases)),
-                              errors=str(sum(c["outcome"] == "crash" for c in cases)),
-                              skipped=str(sum(c["outcome"] in ("not supported", "not available", "expected failure", "survived")
-                                              for c in cases)))
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=name,
+            tests=str(len(cases)),
+            failures=str(sum(c["outcome"] == "fail" for c in cases)),
+            errors=str(sum(c["outcome"] == "crash" for c in cases)),
+            skipped=str(
+                sum(c["outcome"] in ("not supported", "not available", "expected failure", "survived") for c in cases)
+            ),
+        )
         props = ET.SubElement(suite, "properties")
         ET.SubElement(props, "property", name="status", value=b["status"])
         ET.SubElement(props, "property", name="verdict", value=results["verdict"][name])
@@ -196,8 +232,13 @@ def write_junit(results: dict, path: Path) -> None:
             ET.SubElement(props, "property", name="reason", value=b.get("reason", ""))
         for c in cases:
             label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
-            tc = ET.SubElement(suite, "testcase", classname=f"{name}.{c['id'].split('::')[0]}", name=label,
-                               time=f"{c['duration_s']:.6f}")
+            tc = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"{name}.{c['id'].split('::')[0]}",
+                name=label,
+                time=f"{c['duration_s']:.6f}",
+            )
             ET.SubElement(tc, "properties").append(ET.Element("property", name="clauses", value=" ".join(c["clauses"])))
             if c["outcome"] == "fail":
                 ET.SubElement(tc, "failure", message=c["message"][:500]).text = c["message"]
@@ -209,16 +250,33 @@ def write_junit(results: dict, path: Path) -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-_MARK = {"not selected": "-", "pass": "pass", "fail": "**FAIL**", "crash": "**CRASH**", "not covered": "not covered",
-         "not available": "n/a", "not supported": "not supported", "expected failure": "expected failure"}
+_MARK = {
+    "not selected": "-",
+    "pass": "pass",
+    "fail": "**FAIL**",
+    "crash": "**CRASH**",
+    "not covered": "not covered",
+    "not available": "n/a",
+    "not supported": "not supported",
+    "expected failure": "expected failure",
+}
 
 
 def report_markdown(results: dict) -> str:
     names = list(results["backends"])
     run = results["run"]
     lines = ["# retro conformance report", ""]
-    for key in ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection",
-                "partial"):
+    for key in (
+        "start_time",
+        "retro",
+        "llama_cpp",
+        "patch_series_sha256",
+        "python",
+        "platform",
+        "seed",
+        "selection",
+        "partial",
+    ):
         if key in run:
             lines.append(f"- {key.replace('_', ' ')}: `{run[key]}`")
     if run.get("merged"):
@@ -229,20 +287,45 @@ def report_markdown(results: dict) -> str:
         passing = sum(results["clauses"][c][n] == "pass" for c in results["selected"])
         status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
         lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
-    lines += ["", "## Clauses", "", "| clause | " + " | ".join(names) + " | evidence |", "|---|" + "---|" * len(names) + "---|"]
+    lines += [
+        "",
+        "## Clauses",
+        "",
+        "| clause | " + " | ".join(names) + " | evidence |",
+        "|---|" + "---|" * len(names) + "---|",
+    ]
     for cid, row in results["clauses"].items():
-        why = "; ".join(dict.fromkeys(results["clause_details"][cid][n] for n in names if row[n] not in ("not selected", "not available")))
+        why = "; ".join(
+            dict.fromkeys(
+                results["clause_details"][cid][n] for n in names if row[n] not in ("not selected", "not available")
+            )
+        )
         lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + f" | {why} |")
     bad = [c for c in results["cases"] if c["outcome"] in ("fail", "crash")]
     if bad:
         lines += ["", "## Failures", ""]
         for c in bad:
             label = c["id"] + (f" [defect {c['defect']}]" if c["defect"] else "")
-            lines += [f"### {c['backend']}: {label} ({c['outcome']})", "", "Clauses: " + ", ".join(c["clauses"]), "",
-                      "```", c["message"].strip() or "(no message)", "```", ""]
+            lines += [
+                f"### {c['backend']}: {label} ({c['outcome']})",
+                "",
+                "Clauses: " + ", ".join(c["clauses"]),
+                "",
+                "```",
+                c["message"].strip() or "(no message)",
+                "```",
+                "",
+            ]
     counts: dict[str, int] = {}
     for c in results["cases"]:
         counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
-    lines += ["", "## Cases", "", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none ran", "",
-              f"digest `{results['digest']}`", ""]
+    lines += [
+        "",
+        "## Cases",
+        "",
+        ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none ran",
+        "",
+        f"digest `{results['digest']}`",
+        "",
+    ]
     return "\n".join(lines)

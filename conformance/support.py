@@ -26,8 +26,9 @@ def model_file(folder: Path, seed: int, **spec: int) -> Path:
 
 def load(backend: Backend, path: Path, *, trainable: bool = True) -> retro.Model:
     """The model with every layer on the backend under test (the CPU alone for "cpu")."""
-    return retro.Model.load(path, devices=backend.offload_devices, gpu_layers=0 if backend.name == "cpu" else -1,
-                            trainable=trainable)
+    return retro.Model.load(
+        path, devices=backend.offload_devices, gpu_layers=0 if backend.name == "cpu" else -1, trainable=trainable
+    )
 
 
 def context(model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256) -> retro.Context:
@@ -44,16 +45,19 @@ def subset(ds: retro.TokenDataset, rows: slice) -> retro.TokenDataset:
     return retro.TokenDataset(np.ascontiguousarray(ds.tokens[rows]), np.ascontiguousarray(ds.labels[rows]))
 
 
-def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: Backend,
-                        what: str) -> None:
+def assert_params_equal(
+    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: Backend, what: str
+) -> None:
     assert actual.keys() == expected.keys(), f"{what}: different tensor sets"
     for name in expected:
         a, e = actual[name], expected[name]
         assert a.shape == e.shape, f"{what}: {name} has shape {a.shape}, expected {e.shape}"
         if backend.name == "cpu":
             bad = np.flatnonzero(a.view(np.uint32) != e.view(np.uint32))
-            assert bad.size == 0, (f"{what}: {name} differs bitwise in {bad.size} of {a.size} elements "
-                                   f"(first at {bad[0]}: {a.flat[bad[0]]!r} vs {e.flat[bad[0]]!r})")
+            assert bad.size == 0, (
+                f"{what}: {name} differs bitwise in {bad.size} of {a.size} elements "
+                f"(first at {bad[0]}: {a.flat[bad[0]]!r} vs {e.flat[bad[0]]!r})"
+            )
         else:
             np.testing.assert_allclose(a, e, rtol=GPU_RTOL, atol=GPU_ATOL, err_msg=f"{what}: {name}")
 

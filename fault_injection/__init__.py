@@ -59,8 +59,14 @@ class Sweep:
     completed_after: int = 0  # the hit count at which the operation first ran to completion
 
 
-def sweep(operation: Callable[[], object], site: str, *, persistent: bool = False, max_hits: int = 10_000,
-          check: Callable[[Injection], None] | None = None) -> Sweep:
+def sweep(
+    operation: Callable[[], object],
+    site: str,
+    *,
+    persistent: bool = False,
+    max_hits: int = 10_000,
+    check: Callable[[Injection], None] | None = None,
+) -> Sweep:
     """Run `operation` once per hit of `site`, failing that hit (once, or from it on), until an
     armed run completes without reaching its hit. `operation` must build its own fresh state.
     `check` inspects each injection (the error raised) and may assert on the state left behind."""

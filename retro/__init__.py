@@ -10,13 +10,15 @@ from . import _cpu
 
 _cpu.check()
 
-from . import _native  # noqa: E402  (after the CPU check: the library uses AVX2 once loaded)
+from . import (
+    _native,
+    errors,
+)
 from ._native_logs import recent_errors
 from .checkpoint import Checkpoint
 from .context import Context
 from .datasets import TokenDataset
 from .devices import Device, devices
-from . import errors
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
 from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Trainer
@@ -31,6 +33,20 @@ def build_info() -> dict[str, Any]:
     return info
 
 
-__all__ = ["AdamW", "Checkpoint", "Context", "Device", "EpochCallback", "EpochMetrics", "Model", "Progress", "SGD",
-           "TokenDataset", "Trainer", "build_info", "devices", "recent_errors"]
+__all__ = [
+    "SGD",
+    "AdamW",
+    "Checkpoint",
+    "Context",
+    "Device",
+    "EpochCallback",
+    "EpochMetrics",
+    "Model",
+    "Progress",
+    "TokenDataset",
+    "Trainer",
+    "build_info",
+    "devices",
+    "recent_errors",
+]
 __all__ += errors.__all__

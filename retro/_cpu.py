@@ -22,5 +22,7 @@ def missing_features(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
 def check() -> None:
     missing = missing_features()
     if missing:
-        raise ImportError(f"retro's CPU code needs the x86-64 features {', '.join(REQUIRED)}; "
-                          f"this processor lacks {', '.join(missing)}")
+        raise ImportError(
+            f"retro's CPU code needs the x86-64 features {', '.join(REQUIRED)}; "
+            f"this processor lacks {', '.join(missing)}"
+        )

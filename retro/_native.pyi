@@ -1,6 +1,7 @@
 # Types of the native module (native/bindings/); checked against the compiled module by mypy's stubtest.
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -101,10 +102,21 @@ class EpochMetrics:
 
 class Trainer:
     def __init__(self, context: Context, optimizer: OptimizerSettings, accumulation: int) -> None: ...
-    def epoch(self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], n_train: int,
-              progress: Callable[[bool, int, int], bool] | None, epoch_callback: int, duty_cycle: float) -> EpochMetrics: ...
-    def upstream_epoch(self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], n_train: int) -> EpochMetrics: ...
-    def micro_batch(self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], pos0: int, train: bool) -> None: ...
+    def epoch(
+        self,
+        tokens: npt.NDArray[np.int32],
+        labels: npt.NDArray[np.int32],
+        n_train: int,
+        progress: Callable[[bool, int, int], bool] | None,
+        epoch_callback: int,
+        duty_cycle: float,
+    ) -> EpochMetrics: ...
+    def upstream_epoch(
+        self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], n_train: int
+    ) -> EpochMetrics: ...
+    def micro_batch(
+        self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], pos0: int, train: bool
+    ) -> None: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -19,7 +19,7 @@ FORMAT = 1
 class Checkpoint:
     parameters: dict[str, np.ndarray]
     moments: dict[str, tuple[np.ndarray, np.ndarray]]  # AdamW (m, v) per trained weight; empty for SGD
-    iteration: int                                     # the optimizer cursor: 1 + steps applied
+    iteration: int  # the optimizer cursor: 1 + steps applied
     meta: dict[str, object] = field(default_factory=dict)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -40,7 +40,7 @@ class Checkpoint:
             header = json.loads(bytes(z["__header__"]).decode())
             if header.get("format") != FORMAT:
                 raise ValueError(f"{path}: unsupported checkpoint format {header.get('format')!r}")
-            params = {k[len("param/"):]: z[k] for k in z.files if k.startswith("param/")}
+            params = {k[len("param/") :]: z[k] for k in z.files if k.startswith("param/")}
             names = {k[2:] for k in z.files if k.startswith("m/")}
             moments = {n: (z[f"m/{n}"], z[f"v/{n}"]) for n in sorted(names)}
         return cls(params, moments, int(header["iteration"]), dict(header.get("meta", {})))

@@ -19,8 +19,15 @@ class Context(NativeHandle):
 
     _h: _native.Context
 
-    def __init__(self, model: Model, *, n_ctx: int = 256, n_batch: int | None = None,
-                 n_ubatch: int | None = None, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int = 256,
+        n_batch: int | None = None,
+        n_ubatch: int | None = None,
+        n_threads: int | None = None,
+    ) -> None:
         if not isinstance(model, Model):
             raise TypeError("model must be a retro.Model")
         n_ctx = _checks.integer("n_ctx", n_ctx, minimum=1)
@@ -28,7 +35,11 @@ class Context(NativeHandle):
         n_ubatch = min(n_batch, 512) if n_ubatch is None else _checks.integer("n_ubatch", n_ubatch, minimum=1)
         if n_ubatch > n_batch:
             raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
-        threads = _checks.default_threads() if n_threads is None else _checks.integer("n_threads", n_threads, minimum=1, maximum=512)
+        threads = (
+            _checks.default_threads()
+            if n_threads is None
+            else _checks.integer("n_threads", n_threads, minimum=1, maximum=512)
+        )
         if model.closed:
             raise ValueError("the model is closed")
         self.model = model

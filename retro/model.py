@@ -11,7 +11,8 @@ import numpy as np
 from . import _checks, _native
 from ._handle import NativeHandle
 from ._native_logs import forwarding
-from .devices import Device, devices as list_devices
+from .devices import Device
+from .devices import devices as list_devices
 
 
 class Model(NativeHandle):
@@ -31,8 +32,14 @@ class Model(NativeHandle):
 
     @classmethod
     @forwarding
-    def load(cls, path: str | os.PathLike[str], *, devices: Sequence[Device | int] | None = None,
-             gpu_layers: int = 0, trainable: bool = False) -> Model:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        devices: Sequence[Device | int] | None = None,
+        gpu_layers: int = 0,
+        trainable: bool = False,
+    ) -> Model:
         """Load a GGUF file.
 
         devices: the GPU/accelerator devices to offload to (None: all the build has; []: none, CPU

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import _ctypes
+import ctypes
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +54,8 @@ class SGD:
 
 class Progress(NamedTuple):
     train: bool  # False during the evaluation tail
-    done: int    # micro-batches of this phase completed, the current one included
-    total: int   # micro-batches of this phase
+    done: int  # micro-batches of this phase completed, the current one included
+    total: int  # micro-batches of this phase
 
 
 ProgressCallback = Callable[[Progress], "bool | None"]
@@ -63,8 +63,16 @@ ProgressCallback = Callable[[Progress], "bool | None"]
 #: ctypes type of a C-level epoch callback with upstream ggml's signature (ggml_opt_epoch_callback):
 #: (train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us) -> void. It is called after
 #: every micro-batch, before the progress callback; it cannot cancel (the signature is void).
-EpochCallback = ctypes.CFUNCTYPE(None, ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+EpochCallback = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_bool,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int64,
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class EpochMetrics:
     train_micro_batches: int
     eval_micro_batches: int
     optimizer_steps: int
-    logical_tokens: int   # tokens with a real label
+    logical_tokens: int  # tokens with a real label
     physical_tokens: int  # tokens sent to compute, padding included
     epoch_complete: bool
     elapsed_s: float
@@ -94,14 +102,21 @@ class EpochMetrics:
     @classmethod
     def _from_native(cls, m: _native.EpochMetrics) -> EpochMetrics:
         return cls(
-            train_loss=m.train_loss, train_loss_unc=m.train_loss_unc, train_accuracy=m.train_accuracy,
+            train_loss=m.train_loss,
+            train_loss_unc=m.train_loss_unc,
+            train_accuracy=m.train_accuracy,
             eval_loss=m.eval_loss if m.has_eval else None,
             eval_loss_unc=m.eval_loss_unc if m.has_eval else None,
             eval_accuracy=m.eval_accuracy if m.has_eval else None,
-            train_micro_batches=m.train_micro_batches, eval_micro_batches=m.eval_micro_batches,
-            optimizer_steps=m.optimizer_steps, logical_tokens=m.logical_tokens,
-            physical_tokens=m.physical_tokens, epoch_complete=m.epoch_complete, elapsed_s=m.elapsed_s,
-            throttle_s=m.throttle_s)
+            train_micro_batches=m.train_micro_batches,
+            eval_micro_batches=m.eval_micro_batches,
+            optimizer_steps=m.optimizer_steps,
+            logical_tokens=m.logical_tokens,
+            physical_tokens=m.physical_tokens,
+            epoch_complete=m.epoch_complete,
+            elapsed_s=m.elapsed_s,
+            throttle_s=m.throttle_s,
+        )
 
 
 class Trainer(NativeHandle):
@@ -115,8 +130,9 @@ class Trainer(NativeHandle):
 
     _h: _native.Trainer
 
-    def __init__(self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1,
-                 duty_cycle: float = 1.0) -> None:
+    def __init__(
+        self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1, duty_cycle: float = 1.0
+    ) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
         optimizer = AdamW() if optimizer is None else optimizer
@@ -131,8 +147,10 @@ class Trainer(NativeHandle):
             raise ValueError("the model was loaded read-only; load it with trainable=True to train")
         n_ctx, n_batch, n_ubatch = context.n_ctx, context.n_batch, context.n_ubatch
         if n_ctx % min(n_batch, n_ctx) or min(n_batch, n_ctx) % min(n_ubatch, n_batch):
-            raise ValueError(f"training needs n_ctx ({n_ctx}) divisible by n_batch ({n_batch}) and n_batch "
-                             f"divisible by n_ubatch ({n_ubatch})")
+            raise ValueError(
+                f"training needs n_ctx ({n_ctx}) divisible by n_batch ({n_batch}) and n_batch "
+                f"divisible by n_ubatch ({n_ubatch})"
+            )
         self.context = context
         self.optimizer = optimizer
         self.accumulation = accumulation
@@ -183,7 +201,9 @@ class Trainer(NativeHandle):
         # after a compute failure the parameters and moments may be half-written: no snapshot of
         # them may pass for a checkpoint, and nothing may be written into them
         if self.poisoned:
-            raise PoisonedTrainerError("an earlier backend compute failed; recreate the trainer and restore a checkpoint")
+            raise PoisonedTrainerError(
+                "an earlier backend compute failed; recreate the trainer and restore a checkpoint"
+            )
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint:
@@ -191,8 +211,10 @@ class Trainer(NativeHandle):
         boundary only: a partial period's gradients are not part of a checkpoint."""
         self._refuse_if_poisoned()
         if self.period_position != 0:
-            raise InvalidStateError(f"{self.period_position} micro-batches into an accumulation period: "
-                                    "checkpoint at a boundary (after an optimizer step)")
+            raise InvalidStateError(
+                f"{self.period_position} micro-batches into an accumulation period: "
+                "checkpoint at a boundary (after an optimizer step)"
+            )
         params = self.context.model.parameters()
         moments = {n: mv for n in params if (mv := self.moments(n)) is not None}
         meta = {"optimizer": type(self.optimizer).__name__, "accumulation": self.accumulation}
@@ -237,7 +259,9 @@ class Trainer(NativeHandle):
         n_ctx, n_ubatch = self.context.n_ctx, min(self.context.n_ubatch, self.context.n_batch, self.context.n_ctx)
         width = dataset.width
         if width > n_ctx or width % n_ubatch:
-            raise ValueError(f"window width {width} must be a multiple of n_ubatch ({n_ubatch}) and at most n_ctx ({n_ctx})")
+            raise ValueError(
+                f"window width {width} must be a multiple of n_ubatch ({n_ubatch}) and at most n_ctx ({n_ctx})"
+            )
         if n_ubatch == n_ctx and width != n_ctx:
             raise ValueError(f"with n_ubatch == n_ctx every window must hold exactly n_ctx ({n_ctx}) tokens")
         n_vocab = self.context.model.n_vocab
@@ -245,12 +269,17 @@ class Trainer(NativeHandle):
             _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
             _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
         _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
-        return dataset.n_windows - int(math.ceil(dataset.n_windows * frac)) if frac else dataset.n_windows
+        return dataset.n_windows - math.ceil(dataset.n_windows * frac) if frac else dataset.n_windows
 
     @forwarding
-    def epoch(self, dataset: TokenDataset, *, val_fraction: float = 0.0,
-              progress: ProgressCallback | None = None,
-              epoch_callback: _ctypes.CFuncPtr | None = None) -> EpochMetrics:
+    def epoch(
+        self,
+        dataset: TokenDataset,
+        *,
+        val_fraction: float = 0.0,
+        progress: ProgressCallback | None = None,
+        epoch_callback: _ctypes.CFuncPtr | None = None,
+    ) -> EpochMetrics:
         """Train on the front of the dataset and evaluate on its last ``val_fraction``.
 
         ``progress`` is called after every micro-batch with a :class:`Progress`; returning False

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 import retro
-from retro._native import hooks
-
 from conftest import REPO
 
 
@@ -44,10 +42,17 @@ def test_missing_and_corrupt_files_raise_typed_errors(tmp_path):
     assert "backend diagnostic" in str(err.value)
 
 
-@pytest.mark.parametrize("kwargs, exc", [
-    (dict(gpu_layers=-2), ValueError), (dict(gpu_layers=2**31), OverflowError), (dict(gpu_layers=1.5), TypeError),
-    (dict(trainable=1), TypeError), (dict(devices=[99]), ValueError), (dict(devices=[0]), ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        (dict(gpu_layers=-2), ValueError),
+        (dict(gpu_layers=2**31), OverflowError),
+        (dict(gpu_layers=1.5), TypeError),
+        (dict(trainable=1), TypeError),
+        (dict(devices=[99]), ValueError),
+        (dict(devices=[0]), ValueError),
+    ],
+)
 def test_load_arguments_are_validated(model_path, kwargs, exc):
     with pytest.raises(exc):
         retro.Model.load(model_path, **kwargs)
@@ -70,10 +75,17 @@ def test_decode_returns_logits_and_is_deterministic(model):
         np.testing.assert_allclose(c[0], a[-1], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens, exc", [
-    ([], ValueError), ([512], ValueError), ([-1], ValueError), ([[1, 2]], ValueError),
-    (np.array([1.0, 2.0]), TypeError), (list(range(65)), ValueError),
-])
+@pytest.mark.parametrize(
+    "tokens, exc",
+    [
+        ([], ValueError),
+        ([512], ValueError),
+        ([-1], ValueError),
+        ([[1, 2]], ValueError),
+        (np.array([1.0, 2.0]), TypeError),
+        (list(range(65)), ValueError),
+    ],
+)
 def test_bad_decode_input_is_rejected_before_native_state_changes(model, tokens, exc):
     with retro.Context(model, n_ctx=256, n_batch=64) as ctx:
         ctx.decode([1, 2, 3])

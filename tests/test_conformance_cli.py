@@ -7,13 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+import pytest
+
 from retro.conformance import registry
+
+SCHEMA = json.loads((Path(registry.__file__).parent / "results.schema.json").read_text(encoding="utf-8"))
 
 
 def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "retro.conformance.cli", "certify", "--out", str(out), *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "retro.conformance.cli", "certify", "--out", str(out), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     return proc.returncode, res, proc.stdout + proc.stderr
 
@@ -21,16 +31,21 @@ def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
 def test_certify_base_on_cpu_writes_three_files_and_certifies(tmp_path):
     rc, res, log = certify(tmp_path, "--clauses", "BASE")
     assert rc == 0, log
+    jsonschema.validate(res, SCHEMA)
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.json", "junit.xml", "report.md"}
     assert res["schema"] == 2 and res["verdict"] == {"cpu": "certified"}
-    assert {c: res["clauses"][c]["cpu"] for c in ("BASE-01", "BASE-02", "BASE-03")} == dict.fromkeys(("BASE-01", "BASE-02", "BASE-03"), "pass")
+    assert {c: res["clauses"][c]["cpu"] for c in ("BASE-01", "BASE-02", "BASE-03")} == dict.fromkeys(
+        ("BASE-01", "BASE-02", "BASE-03"), "pass"
+    )
     assert set(res["clauses"]) == set(registry.clauses())
     run = res["run"]
     for key in ("retro", "llama_cpp", "patch_series_sha256", "python", "platform", "start_time", "seed"):
         assert run[key] != "", key
     assert all(c["outcome"] == "pass" for c in res["cases"] if c["defect"] is None)
     caught = {c["defect"] for c in res["cases"] if c["outcome"] == "caught"}
-    assert caught == set(registry.defects_of("BASE-01") + registry.defects_of("BASE-02") + registry.defects_of("BASE-03"))
+    assert caught == set(
+        registry.defects_of("BASE-01") + registry.defects_of("BASE-02") + registry.defects_of("BASE-03")
+    )
 
 
 def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
@@ -50,6 +65,14 @@ def test_a_requested_backend_that_is_absent_is_not_a_pass(tmp_path):
     assert "nothing was certified" in log
 
 
+def test_a_results_package_that_breaks_the_schema_is_caught(tmp_path):
+    _, res, _ = certify(tmp_path, "--clauses", "BASE-03", "--no-defects")
+    jsonschema.validate(res, SCHEMA)
+    res["cases"][0]["outcome"] = "passed"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(res, SCHEMA)
+
+
 def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
     cases = tmp_path / "cases"
     cases.mkdir()
@@ -58,12 +81,17 @@ def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
         "@pytest.mark.clause('BASE-01')\ndef test_before(backend):\n    expect('BASE-01', True)\n"
         "@pytest.mark.clause('BASE-02')\ndef test_crash(backend):\n    os.abort()\n"
         "@pytest.mark.clause('BASE-02')\ndef test_hang(backend):\n    import time; time.sleep(600)\n"
-        "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    expect('BASE-03', True)\n")
+        "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    expect('BASE-03', True)\n"
+    )
     rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE", "--case-timeout", "10")
     assert rc == 1, log
     outcome = {c["id"]: c["outcome"] for c in res["cases"]}
-    assert outcome == {"test_crash.py::test_before": "pass", "test_crash.py::test_crash": "crash",
-                       "test_crash.py::test_hang": "crash", "test_crash.py::test_after": "pass"}
+    assert outcome == {
+        "test_crash.py::test_before": "pass",
+        "test_crash.py::test_crash": "crash",
+        "test_crash.py::test_hang": "crash",
+        "test_crash.py::test_after": "pass",
+    }
     messages = {c["id"]: c["message"] for c in res["cases"]}
     assert "died" in messages["test_crash.py::test_crash"]
     assert "ran over 10 s" in messages["test_crash.py::test_hang"]

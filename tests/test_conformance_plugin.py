@@ -11,30 +11,37 @@ pytest_plugins = ["pytester"]
 
 def _results(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
     log = pytester.path / "results.jsonl"
-    res = pytester.runpytest_subprocess(f"--results-log={log}", "-p", "no:cacheprovider", "-p", "retro.conformance.plugin",
-                                        *args)
-    records = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    res = pytester.runpytest_subprocess(
+        f"--results-log={log}", "-p", "no:cacheprovider", "-p", "retro.conformance.plugin", *args
+    )
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return res, [r for r in records if r["event"] == "result"]
 
 
-@pytest.mark.parametrize("clause, signature, message", [
-    ("BASE-99", "backend", "*unknown clause ID*BASE-99*"),
-    ("BASE-01", "", "*must take the `backend` fixture*"),
-])
+@pytest.mark.parametrize(
+    "clause, signature, message",
+    [
+        ("BASE-99", "backend", "*unknown clause ID*BASE-99*"),
+        ("BASE-01", "", "*must take the `backend` fixture*"),
+    ],
+)
 def test_miscited_checks_are_collection_errors(pytester, clause, signature, message):
-    pytester.makepyfile(test_x=f"""
+    pytester.makepyfile(
+        test_x=f"""
         import pytest
         @pytest.mark.clause("{clause}")
         def test_x({signature}):
             assert True
-    """)
+    """
+    )
     res, recs = _results(pytester)
     assert res.ret == pytest.ExitCode.INTERRUPTED and not recs
     res.stdout.fnmatch_lines([message])
 
 
 def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro._native import hooks
         from retro.conformance.evidence import expect
@@ -42,7 +49,8 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
         def test_x(backend):
             expect("BASE-01", not hooks.defect_on("BASE-01"), "defect seen")
             expect("TX-ACC-09", True)
-    """)
+    """
+    )
     res, recs = _results(pytester, "--backend=cpu,cuda")
     by = {(r["backend"], r["defect"]): r for r in recs}
     assert by[("cpu", None)]["outcome"] == "pass"
@@ -56,7 +64,8 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
 
 
 def test_a_defect_is_caught_only_by_an_assertion_bound_to_its_clause(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro._native import hooks
         from retro.conformance.evidence import bound, expect
@@ -66,7 +75,8 @@ def test_a_defect_is_caught_only_by_an_assertion_bound_to_its_clause(pytester):
             with bound("BASE-03"):
                 assert not hooks.defect_on("BASE-03"), "a plain assert bound to BASE-03"
             expect("BASE-01", True)
-    """)
+    """
+    )
     _, recs = _results(pytester)
     by = {r["defect"]: r for r in recs}
     assert by[None]["outcome"] == "pass"
@@ -76,33 +86,38 @@ def test_a_defect_is_caught_only_by_an_assertion_bound_to_its_clause(pytester):
 
 
 def test_a_check_must_assert_through_every_clause_it_cites(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro.conformance.evidence import expect
         @pytest.mark.clause("BASE-02", "BASE-03")
         def test_x(backend):
             expect("BASE-02", True)
-    """)
+    """
+    )
     _, recs = _results(pytester, "--no-defects")
     assert recs[0]["outcome"] == "fail" and "BASE-03 but never asserted" in recs[0]["message"]
 
 
 def test_a_check_that_cannot_fail_is_reported_as_a_failure_under_its_defect(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro.conformance.evidence import expect
         @pytest.mark.clause("BASE-02")
         def test_x(backend):
             expect("BASE-02", 1 + 1 == 2)
-    """)
-    res, recs = _results(pytester)
+    """
+    )
+    _res, recs = _results(pytester)
     by = {r["defect"]: r for r in recs}
     assert by[None]["outcome"] == "pass"
     assert by["BASE-02"]["outcome"] == "survived" and "survived" in by["BASE-02"]["message"]
 
 
 def test_skips_need_a_result_code(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro.conformance.plugin import not_supported
         @pytest.mark.clause("HOST-01")
@@ -111,7 +126,8 @@ def test_skips_need_a_result_code(pytester):
         @pytest.mark.clause("HOST-02")
         def test_unsupported(backend):
             not_supported("no such op here")
-    """)
+    """
+    )
     _, recs = _results(pytester)
     by = {r["id"]: r for r in recs}
     assert by["test_x.py::test_plain_skip"]["outcome"] == "fail"
@@ -120,7 +136,8 @@ def test_skips_need_a_result_code(pytester):
 
 
 def test_the_clause_filter_deselects_other_checks(pytester):
-    pytester.makepyfile(test_x="""
+    pytester.makepyfile(
+        test_x="""
         import pytest
         from retro.conformance.evidence import expect
         @pytest.mark.clause("TX-ACC-01")
@@ -129,6 +146,7 @@ def test_the_clause_filter_deselects_other_checks(pytester):
         @pytest.mark.clause("HOST-01")
         def test_b(backend):
             expect("HOST-01", True)
-    """)
+    """
+    )
     _, recs = _results(pytester, "--clauses=TX")
     assert [r["id"] for r in recs] == ["test_x.py::test_a"]

@@ -6,9 +6,8 @@ import re
 
 import pytest
 
-from retro.conformance import registry
-
 from conftest import REPO
+from retro.conformance import registry
 
 CONTRACTS = REPO.parent / "shared" / "CONTRACTS.md"
 ID = re.compile(r"\b(?:BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?\b")

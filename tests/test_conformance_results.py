@@ -14,22 +14,34 @@ ABSENT = {"status": "not available", "reason": "not compiled into this build", "
 
 
 def case(name, clauses, outcome, backend="cpu", defect=None, message=""):
-    return {"nodeid": name, "id": name, "clauses": clauses, "backend": backend, "defect": defect,
-            "outcome": outcome, "duration_s": 0.1, "message": message, "caught": None}
+    return {
+        "nodeid": name,
+        "id": name,
+        "clauses": clauses,
+        "backend": backend,
+        "defect": defect,
+        "outcome": outcome,
+        "duration_s": 0.1,
+        "message": message,
+        "caught": None,
+    }
 
 
 def proven(name, clause, backend="cpu"):
     """An intact pass of `name` and every seeded defect of `clause` caught by it."""
-    return [case(name, [clause], "pass", backend)] + [case(name, [clause], "caught", backend, defect=d)
-                                                      for d in registry.defects_of(clause)]
+    return [case(name, [clause], "pass", backend)] + [
+        case(name, [clause], "caught", backend, defect=d) for d in registry.defects_of(clause)
+    ]
 
 
 def test_a_clause_passes_only_when_each_of_its_defects_was_caught():
     ok = proven("a", "BASE-01")
     assert results.clause_status("BASE-01", AVAILABLE, ok)[0] == "pass"
     assert results.clause_status("BASE-01", AVAILABLE, ok[:1]) == (
-        "not covered", "seeded defect(s) no check caught: BASE-01, BASE-01.eval-period")
-    one_survived = ok[:2] + [case("a", ["BASE-01"], "survived", defect="BASE-01.eval-period")]
+        "not covered",
+        "seeded defect(s) no check caught: BASE-01, BASE-01.eval-period",
+    )
+    one_survived = [*ok[:2], case("a", ["BASE-01"], "survived", defect="BASE-01.eval-period")]
     assert results.clause_status("BASE-01", AVAILABLE, one_survived)[1].endswith("BASE-01.eval-period")
     # another check citing the clause may catch the defect this one missed
     other = [case("b", ["BASE-01"], "pass"), case("b", ["BASE-01"], "caught", defect="BASE-01.eval-period")]
@@ -40,12 +52,15 @@ def test_a_clause_passes_only_when_each_of_its_defects_was_caught():
 
 
 def test_a_check_that_caught_nothing_leaves_its_clause_unproven():
-    cs = proven("a", "BASE-02") + [case("b", ["BASE-02"], "pass"), case("b", ["BASE-02"], "survived", defect="BASE-02")]
-    assert results.clause_status("BASE-02", AVAILABLE, cs) == ("not covered", "check(s) that caught no seeded defect: b")
+    cs = [*proven("a", "BASE-02"), case("b", ["BASE-02"], "pass"), case("b", ["BASE-02"], "survived", defect="BASE-02")]
+    assert results.clause_status("BASE-02", AVAILABLE, cs) == (
+        "not covered",
+        "check(s) that caught no seeded defect: b",
+    )
 
 
 def test_crash_and_fail_dominate():
-    cs = proven("a", "BASE-02") + [case("b", ["BASE-02"], "crash")]
+    cs = [*proven("a", "BASE-02"), case("b", ["BASE-02"], "crash")]
     assert results.clause_status("BASE-02", AVAILABLE, cs)[0] == "crash"
 
 
@@ -59,7 +74,9 @@ def test_not_supported_and_expected_failures_never_certify():
 
 
 def test_a_partial_run_never_certifies():
-    res = results.aggregate({"start_time": "t", "partial": "-k x"}, {"cpu": AVAILABLE}, proven("a", "BASE-02"), ["BASE-02"])
+    res = results.aggregate(
+        {"start_time": "t", "partial": "-k x"}, {"cpu": AVAILABLE}, proven("a", "BASE-02"), ["BASE-02"]
+    )
     assert res["clauses"]["BASE-02"]["cpu"] == "pass" and res["verdict"]["cpu"] == "not certified"
     assert "- partial: `-k x`" in results.report_markdown(res)
 
@@ -84,16 +101,23 @@ def test_every_registry_clause_is_listed_and_the_verdict_counts_the_selection():
 
 def test_shards_merge_into_one_verdict_and_tampering_is_detected():
     build = {"retro": "0.1.0", "llama_cpp": "0c1e57098", "patch_series_sha256": "abc"}
-    cpu = results.aggregate({"start_time": "1", **build}, {"cpu": AVAILABLE, "cuda": ABSENT}, proven("a", "BASE-01"), ["BASE-01"])
-    gpu = results.aggregate({"start_time": "2", **build}, {"cpu": ABSENT, "cuda": AVAILABLE},
-                            [case("a", ["BASE-01"], "fail", backend="cuda", message="diff")], ["BASE-01"])
+    cpu = results.aggregate(
+        {"start_time": "1", **build}, {"cpu": AVAILABLE, "cuda": ABSENT}, proven("a", "BASE-01"), ["BASE-01"]
+    )
+    gpu = results.aggregate(
+        {"start_time": "2", **build},
+        {"cpu": ABSENT, "cuda": AVAILABLE},
+        [case("a", ["BASE-01"], "fail", backend="cuda", message="diff")],
+        ["BASE-01"],
+    )
     merged = results.merge([cpu, gpu])
     assert merged["backends"]["cpu"]["status"] == merged["backends"]["cuda"]["status"] == "available"
     assert merged["verdict"] == {"cpu": "certified", "cuda": "not certified"}
     assert len(merged["shards"]) == 2
     results.verify(merged)
-    other = results.aggregate({"start_time": "3", **build, "patch_series_sha256": "def"}, {"cpu": ABSENT, "cuda": AVAILABLE},
-                              [], ["BASE-01"])
+    other = results.aggregate(
+        {"start_time": "3", **build, "patch_series_sha256": "def"}, {"cpu": ABSENT, "cuda": AVAILABLE}, [], ["BASE-01"]
+    )
     with pytest.raises(ValueError, match="different builds"):
         results.merge([cpu, other])
     gpu["verdict"]["cuda"] = "certified"
@@ -102,8 +126,12 @@ def test_shards_merge_into_one_verdict_and_tampering_is_detected():
 
 
 def test_outputs_are_well_formed(tmp_path):
-    cs = [case("a", ["BASE-01"], "pass"), case("b", ["BASE-01"], "fail", message="x <&> y"),
-          case("c", ["BASE-02"], "crash"), case("d", ["BASE-03"], "not supported", message="no op")]
+    cs = [
+        case("a", ["BASE-01"], "pass"),
+        case("b", ["BASE-01"], "fail", message="x <&> y"),
+        case("c", ["BASE-02"], "crash"),
+        case("d", ["BASE-03"], "not supported", message="no op"),
+    ]
     res = results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, ["BASE-01"])
     results.write_all(res, tmp_path)
     loaded = json.loads((tmp_path / "results.json").read_text())

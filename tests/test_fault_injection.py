@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import retro.fault_injection as fi
 import retro
-
+import retro.fault_injection as fi
 from conftest import dataset
 
 
@@ -33,7 +32,6 @@ def test_sweep_fails_every_hit_of_graph_build_until_the_epoch_completes(model_pa
     result = fi.sweep(epoch, "graph_build", persistent=persistent, check=check)
     assert [i.hit for i in result.injections] == [1, 2, 3, 4]
     assert result.completed_after == 4 and len(seen) == 4
-
 
 
 def test_the_sites_are_the_forks_table_and_each_counts_its_hits(model_path):

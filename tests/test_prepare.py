@@ -18,9 +18,17 @@ spec.loader.exec_module(prep)
 
 def fake_tree(root):
     files = {
-        "CMakeLists.txt": "project(x)\n", "LICENSE": "MIT\n", "src/llama-context.cpp": "int a = 1;\n",
-        "include/llama.h": "", "ggml/CMakeLists.txt": "", "ggml/src/ggml.c": "", "ggml/src/ggml-cpu/ops.cpp": "",
-        "ggml/src/ggml-cuda/x.cu": "", "common/common.cpp": "", "tools/server/s.cpp": "", "vendor/x/y.h": "",
+        "CMakeLists.txt": "project(x)\n",
+        "LICENSE": "MIT\n",
+        "src/llama-context.cpp": "int a = 1;\n",
+        "include/llama.h": "",
+        "ggml/CMakeLists.txt": "",
+        "ggml/src/ggml.c": "",
+        "ggml/src/ggml-cpu/ops.cpp": "",
+        "ggml/src/ggml-cuda/x.cu": "",
+        "common/common.cpp": "",
+        "tools/server/s.cpp": "",
+        "vendor/x/y.h": "",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +58,9 @@ def run(*args):
 def test_only_library_sources_of_enabled_backends_are_kept():
     assert prep.wanted("src/llama.cpp", ["cpu"]) and prep.wanted("ggml/src/ggml.c", ["cpu"])
     assert prep.wanted("ggml/src/ggml-cpu/ops.cpp", ["cpu"])
-    assert not prep.wanted("ggml/src/ggml-cuda/x.cu", ["cpu"]) and prep.wanted("ggml/src/ggml-cuda/x.cu", ["cpu", "cuda"])
+    assert not prep.wanted("ggml/src/ggml-cuda/x.cu", ["cpu"]) and prep.wanted(
+        "ggml/src/ggml-cuda/x.cu", ["cpu", "cuda"]
+    )
     for rel in ("common/common.cpp", "tools/server/s.cpp", "vendor/x/y.h", "tests/t.cpp", "examples/e.cpp"):
         assert not prep.wanted(rel, ["cpu", "cuda", "vulkan"])
 
@@ -105,7 +115,12 @@ def test_the_repository_tracks_no_upstream_file():
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout")
-    upstream = [p for p in tracked if p.startswith(("ggml/", "src/", "include/", "common/")) or p.endswith((".cu", ".metal"))]
+    upstream = [
+        p for p in tracked if p.startswith(("ggml/", "src/", "include/", "common/")) or p.endswith((".cu", ".metal"))
+    ]
     assert upstream == []
-    assert not any(p.startswith("vendor/") and not p.startswith(("vendor/patches/", "vendor/prepare_llama_cpp.py", "vendor/README"))
-                   for p in tracked)
+    assert not any(
+        p.startswith("vendor/")
+        and not p.startswith(("vendor/patches/", "vendor/prepare_llama_cpp.py", "vendor/README"))
+        for p in tracked
+    )

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import retro
-
 from conftest import dataset
 
 
@@ -51,7 +50,9 @@ def test_progress_is_called_after_every_micro_batch(ctx):
     seen = []
     with retro.Trainer(ctx) as tr:
         tr.epoch(dataset(2), val_fraction=0.5, progress=lambda p: seen.append(p))
-    assert seen == [retro.Progress(True, k, 4) for k in range(1, 5)] + [retro.Progress(False, k, 4) for k in range(1, 5)]
+    assert seen == [retro.Progress(True, k, 4) for k in range(1, 5)] + [
+        retro.Progress(False, k, 4) for k in range(1, 5)
+    ]
 
 
 def test_a_callback_exception_cancels_and_propagates(ctx):
@@ -89,8 +90,10 @@ def test_one_trainer_per_context(ctx, model_path):
 
 # the context is shared across examples on purpose: a rejected trainer must leave it untouched
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lr=st.one_of(st.floats(max_value=0.0), st.just(math.nan), st.just(math.inf), st.booleans(), st.text(max_size=2)),
-       which=st.sampled_from(["adamw", "sgd"]))
+@given(
+    lr=st.one_of(st.floats(max_value=0.0), st.just(math.nan), st.just(math.inf), st.booleans(), st.text(max_size=2)),
+    which=st.sampled_from(["adamw", "sgd"]),
+)
 def test_bad_learning_rates_are_rejected(ctx, lr, which):
     opt = retro.AdamW(lr=lr) if which == "adamw" else retro.SGD(lr=lr)
     with pytest.raises((ValueError, TypeError)):
@@ -98,14 +101,24 @@ def test_bad_learning_rates_are_rejected(ctx, lr, which):
     assert not ctx._h.has_trainer
 
 
-@pytest.mark.parametrize("opt", [retro.AdamW(beta1=1.5), retro.AdamW(beta2=-0.1), retro.AdamW(eps=-1.0),
-                                 retro.AdamW(weight_decay=2.0), retro.SGD(weight_decay=-0.5)])
+@pytest.mark.parametrize(
+    "opt",
+    [
+        retro.AdamW(beta1=1.5),
+        retro.AdamW(beta2=-0.1),
+        retro.AdamW(eps=-1.0),
+        retro.AdamW(weight_decay=2.0),
+        retro.SGD(weight_decay=-0.5),
+    ],
+)
 def test_bad_optimizer_settings_are_rejected(ctx, opt):
     with pytest.raises(ValueError):
         retro.Trainer(ctx, optimizer=opt)
 
 
-@pytest.mark.parametrize("acc, exc", [(0, ValueError), (-1, ValueError), (2**31, OverflowError), (True, TypeError), (1.0, TypeError)])
+@pytest.mark.parametrize(
+    "acc, exc", [(0, ValueError), (-1, ValueError), (2**31, OverflowError), (True, TypeError), (1.0, TypeError)]
+)
 def test_bad_accumulation_is_rejected(ctx, acc, exc):
     with pytest.raises(exc):
         retro.Trainer(ctx, accumulation=acc)
@@ -129,7 +142,10 @@ def test_sgd_step_moves_weights_by_lr_times_gradient(ctx):
     ds = dataset(1, seed=7)
     deltas = []
     for lr in (0.01, 0.02):
-        with retro.Model.load(ctx.model.path, devices=[], trainable=True) as m, retro.Context(m, n_ctx=256, n_ubatch=256) as c:
+        with (
+            retro.Model.load(ctx.model.path, devices=[], trainable=True) as m,
+            retro.Context(m, n_ctx=256, n_ubatch=256) as c,
+        ):
             w0 = m.tensor("output.weight")
             with retro.Trainer(c, optimizer=retro.SGD(lr=lr)) as tr:
                 tr.epoch(ds)

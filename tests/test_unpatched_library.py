@@ -24,18 +24,38 @@ from conftest import REPO
 def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     target = tmp_path / "unpatched"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-         "--target", str(target), f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
-         "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0015", str(REPO)],
-        capture_output=True, text=True, env=dict(os.environ, RETRO_CACHE_DIR=str(tmp_path / "cache")))
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
+            "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0015",
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, RETRO_CACHE_DIR=str(tmp_path / "cache")),
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     assert (tmp_path / "cache" / "llama_cpp_python-0.3.36.tar.gz").is_file()
 
     # -S: no .pth processing, so an editable install of retro cannot shadow the unpatched build
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"],
-                                                       sysconfig.get_paths()["platlib"]]))
-    probe = subprocess.run([sys.executable, "-S", "-c", "import json, retro; print(json.dumps(retro.build_info()))"],
-                           env=env, capture_output=True, text=True, cwd=tmp_path)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]),
+    )
+    probe = subprocess.run(
+        [sys.executable, "-S", "-c", "import json, retro; print(json.dumps(retro.build_info()))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert probe.returncode == 0, probe.stderr
     info = json.loads(probe.stdout)
     assert not any(p.startswith(("0001", "0015")) for p in info["patches"]), info["patches"]
@@ -43,12 +63,37 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     log = tmp_path / "results.jsonl"
     harness = target / "retro" / "conformance"
     run = subprocess.run(
-        [sys.executable, "-S", "-m", "pytest", str(harness / "cases"), "-c", str(harness / "pytest.ini"),
-         "--rootdir", str(harness), "--import-mode=importlib", "-p", "retro.conformance.plugin", "--backend=cpu",
-         "--no-defects", "--clauses=BASE-01", "-k", "test_each_step_applies_only_its_own_period",
-         f"--results-log={log}", "-q"], env=env, capture_output=True, text=True, cwd=tmp_path)
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "pytest",
+            str(harness / "cases"),
+            "-c",
+            str(harness / "pytest.ini"),
+            "--rootdir",
+            str(harness),
+            "--import-mode=importlib",
+            "-p",
+            "retro.conformance.plugin",
+            "--backend=cpu",
+            "--no-defects",
+            "--clauses=BASE-01",
+            "-k",
+            "test_each_step_applies_only_its_own_period",
+            f"--results-log={log}",
+            "-q",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     records = [json.loads(line) for line in log.read_text().splitlines()]
     outcomes = {r["id"]: r["outcome"] for r in records if r["event"] == "result"}
     assert outcomes and set(outcomes.values()) == {"fail"}, run.stdout[-3000:]
-    assert all("SGD steps in one call vs one fresh optimizer per step" in r["message"]
-               for r in records if r["event"] == "result")
+    assert all(
+        "SGD steps in one call vs one fresh optimizer per step" in r["message"]
+        for r in records
+        if r["event"] == "result"
+    )

@@ -75,9 +75,20 @@ def fetch_sdist(cache_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         # --no-build-isolation: preparing the sdist's metadata needs only scikit-build-core, which
         # the build environment has; isolation would install (or compile) its build tools again.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-               "--no-binary", SDIST_NAME, "--disable-pip-version-check", "-d", tmp,
-               f"{SDIST_NAME}=={SDIST_VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-binary",
+            SDIST_NAME,
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            f"{SDIST_NAME}=={SDIST_VERSION}",
+        ]
         print("retro: fetching the pinned llama.cpp sources:", " ".join(cmd[2:]), flush=True)
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         got = Path(tmp) / SDIST_FILE
@@ -94,7 +105,7 @@ def wanted(rel: str, backends: list[str]) -> bool:
     if rel in KEEP_FILES or rel.startswith(KEEP_DIRS):
         return True
     if rel.startswith("ggml/src/"):
-        rest = rel[len("ggml/src/"):]
+        rest = rel[len("ggml/src/") :]
         if "/" not in rest:
             return True
         return any(rel.startswith(BACKEND_DIRS[b]) for b in backends)
@@ -107,7 +118,7 @@ def extract_sdist(sdist: Path, dest: Path, backends: list[str]) -> None:
         for m in tar.getmembers():
             if not m.name.startswith(TREE_IN_SDIST) or not (m.isfile() or m.isdir()):
                 continue
-            rel = m.name[len(TREE_IN_SDIST):]
+            rel = m.name[len(TREE_IN_SDIST) :]
             if rel and wanted(rel, backends):
                 m.name = rel
                 members.append(m)
@@ -127,11 +138,18 @@ def copy_local(tree: Path, dest: Path, backends: list[str]) -> None:
 
 def apply_patches(tree: Path, patches: list[Path]) -> None:
     for p in patches:
-        done = subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(p)],
-                              cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(p)],
+            cwd=tree,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if done.returncode != 0:
-            raise PrepareError(f"patch {p.name} does not apply to the llama.cpp tree:\n{done.stdout}\n"
-                               "The patch series must match the pinned upstream commit " + UPSTREAM_COMMIT)
+            raise PrepareError(
+                f"patch {p.name} does not apply to the llama.cpp tree:\n{done.stdout}\n"
+                "The patch series must match the pinned upstream commit " + UPSTREAM_COMMIT
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     exclude = {e.strip() for e in args.exclude_patches.split(",") if e.strip()}
     patches = patch_series(args.patches.resolve(), exclude)
     source = f"local:{args.local_tree.resolve()}" if args.local_tree else f"sdist:{SDIST_SHA256}"
-    stamp = {"source": source, "series": series_hash(patches), "backends": backends,
-             "patches": [p.name for p in patches]}
+    stamp = {
+        "source": source,
+        "series": series_hash(patches),
+        "backends": backends,
+        "patches": [p.name for p in patches],
+    }
 
     stamp_file = args.dest / ".retro-stamp.json"
     if not (stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp):
@@ -169,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retro: prepared llama.cpp ({source}) with {len(patches)} patches in {args.dest}", flush=True)
 
     if args.info:
-        info = {"llama_cpp_commit": UPSTREAM_COMMIT, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
-                "sdist_sha256": SDIST_SHA256, "source": source, "patch_series_sha256": stamp["series"],
-                "patches": stamp["patches"], "backends": backends}
+        info = {
+            "llama_cpp_commit": UPSTREAM_COMMIT,
+            "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
+            "sdist_sha256": SDIST_SHA256,
+            "source": source,
+            "patch_series_sha256": stamp["series"],
+            "patches": stamp["patches"],
+            "backends": backends,
+        }
         args.info.write_text(json.dumps(info, indent=1))
     return 0
 

@@ -7,16 +7,18 @@ import numpy as np
 import pytest
 
 import retro
-from retro.testing import upstream_epoch
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect
+from retro.testing import upstream_epoch
 
 
 def _train(backend, path, ds, *, optimizer, accumulation, split=None):
     """Parameters after training a fresh load on ds, in one call or split into calls at `split`."""
     with support.load(backend, path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=optimizer, accumulation=accumulation) as tr:
-            parts = [ds] if split is None else [support.subset(ds, slice(0, split)), support.subset(ds, slice(split, None))]
+            parts = (
+                [ds] if split is None else [support.subset(ds, slice(0, split)), support.subset(ds, slice(split, None))]
+            )
             steps = sum(tr.epoch(p).optimizer_steps for p in parts)
         return model.parameters(), steps
 
@@ -45,8 +47,9 @@ def test_each_step_applies_only_its_own_period(backend, model_path, seed, accumu
         reference = model.parameters()
     expect("BASE-01", support.changed(before, reference), "training changed no parameter")
     with bound("BASE-01"):
-        support.assert_params_equal(in_one_call, reference, backend,
-                                    f"{periods} SGD steps in one call vs one fresh optimizer per step")
+        support.assert_params_equal(
+            in_one_call, reference, backend, f"{periods} SGD steps in one call vs one fresh optimizer per step"
+        )
     split, _ = _train(backend, model_path, ds, optimizer=sgd, accumulation=accumulation, split=accumulation)
     with bound("BASE-01"):
         support.assert_params_equal(split, in_one_call, backend, "steps split over two calls vs one call")
@@ -69,8 +72,11 @@ def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, see
                     expect("BASE-01", m.train_micro_batches == 8, f"{m.train_micro_batches} training micro-batches")
                 runs.append((model.parameters(), tr.period_position))
     (with_eval, pos_eval), (without, pos_plain) = runs
-    expect("BASE-01", pos_eval == pos_plain == (3 * 8) % accumulation,
-           f"period position {pos_eval} with an eval set, {pos_plain} without, expected {(3 * 8) % accumulation}")
+    expect(
+        "BASE-01",
+        pos_eval == pos_plain == (3 * 8) % accumulation,
+        f"period position {pos_eval} with an eval set, {pos_plain} without, expected {(3 * 8) % accumulation}",
+    )
     with bound("BASE-01"):
         support.assert_params_equal(with_eval, without, backend, "trained with an eval tail vs without")
 
@@ -97,8 +103,12 @@ def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch,
     with bound("BASE-02"):
         support.assert_params_equal(ours, theirs, backend, "retro's loop vs upstream's llama_opt_epoch")
     with bound("BASE-02"):
-        support.assert_close(np.array(our_losses, dtype=float), np.array(their_losses, dtype=float), backend,
-                             "train/eval losses vs upstream's")
+        support.assert_close(
+            np.array(our_losses, dtype=float),
+            np.array(their_losses, dtype=float),
+            backend,
+            "train/eval losses vs upstream's",
+        )
 
 
 @pytest.mark.clause("BASE-02")
@@ -129,7 +139,9 @@ def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, t
         read_back = model.parameters()
         saved = model.save(tmp_path / "trained.gguf")
     with bound("BASE-03"):
-        support.assert_params_equal(read_back, support.file_tensors(saved), backend, "binding read-back vs the saved file")
+        support.assert_params_equal(
+            read_back, support.file_tensors(saved), backend, "binding read-back vs the saved file"
+        )
     with support.load(backend, saved) as reloaded, bound("BASE-03"):
         support.assert_params_equal(reloaded.parameters(), read_back, backend, "reloaded vs before saving")
 
@@ -153,8 +165,11 @@ def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, s
         support.assert_params_equal(w0, support.file_tensors(model_path), backend, "read-back vs the model file")
     trained = {n: mv for n, mv in moments.items() if mv is not None}
     expect("BASE-03", "token_embd.weight" not in trained, "token_embd.weight has moments")  # never trained upstream
-    expect("BASE-03", {"output.weight", "blk.0.attn_k.weight", "blk.1.ffn_down.weight"} <= trained.keys(),
-           f"moments missing: {sorted(trained)}")
+    expect(
+        "BASE-03",
+        {"output.weight", "blk.0.attn_k.weight", "blk.1.ffn_down.weight"} <= trained.keys(),
+        f"moments missing: {sorted(trained)}",
+    )
     for name, (m, v) in trained.items():
         with bound("BASE-03"):
             assert m.shape == w0[name].shape and v.shape == w0[name].shape, f"{name}: moment shapes"

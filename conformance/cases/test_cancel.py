@@ -45,22 +45,43 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(k, seen))
                 expect("CANCEL-02", fi.hits("compute") == k, f"cancel at {k}: {fi.hits('compute')} computes ran")
                 expect("CANCEL-05", all(p.train for p in seen), f"cancel at {k}: an eval callback ran: {seen}")
-                expect("CANCEL-05", m.eval_micro_batches == 0 and m.eval_loss is None and m.eval_accuracy is None,
-                       f"cancel at {k}: evaluation metrics {m}")
-                expect("CANCEL-06", (m.train_micro_batches, m.optimizer_steps) == (k, k // accumulation),
-                       f"cancel at {k}: {m.train_micro_batches} micro-batches, {m.optimizer_steps} steps reported")
-                expect("CANCEL-06", m.logical_tokens == m.physical_tokens == k * UBATCH,
-                       f"cancel at {k}: {m.logical_tokens}/{m.physical_tokens} tokens reported")
+                expect(
+                    "CANCEL-05",
+                    m.eval_micro_batches == 0 and m.eval_loss is None and m.eval_accuracy is None,
+                    f"cancel at {k}: evaluation metrics {m}",
+                )
+                expect(
+                    "CANCEL-06",
+                    (m.train_micro_batches, m.optimizer_steps) == (k, k // accumulation),
+                    f"cancel at {k}: {m.train_micro_batches} micro-batches, {m.optimizer_steps} steps reported",
+                )
+                expect(
+                    "CANCEL-06",
+                    m.logical_tokens == m.physical_tokens == k * UBATCH,
+                    f"cancel at {k}: {m.logical_tokens}/{m.physical_tokens} tokens reported",
+                )
                 expect("CANCEL-06", m.epoch_complete is False, f"cancel at {k}: epoch_complete")
             for j in range(1, n_eval + 1):
                 fi.reset()
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(j, [], train=False))
-                expect("CANCEL-02", fi.hits("compute") == n_train + j, f"cancel at eval {j}: {fi.hits('compute')} computes")
-                expect("CANCEL-06", (m.train_micro_batches, m.eval_micro_batches) == (n_train, j),
-                       f"cancel at eval {j}: {m.train_micro_batches}/{m.eval_micro_batches} reported")
-                expect("CANCEL-06", m.logical_tokens == m.physical_tokens == (n_train + j) * UBATCH,
-                       f"cancel at eval {j}: tokens {m.logical_tokens}")
-                expect("CANCEL-06", m.eval_loss is not None and m.epoch_complete is (j == n_eval), f"cancel at eval {j}: {m}")
+                expect(
+                    "CANCEL-02", fi.hits("compute") == n_train + j, f"cancel at eval {j}: {fi.hits('compute')} computes"
+                )
+                expect(
+                    "CANCEL-06",
+                    (m.train_micro_batches, m.eval_micro_batches) == (n_train, j),
+                    f"cancel at eval {j}: {m.train_micro_batches}/{m.eval_micro_batches} reported",
+                )
+                expect(
+                    "CANCEL-06",
+                    m.logical_tokens == m.physical_tokens == (n_train + j) * UBATCH,
+                    f"cancel at eval {j}: tokens {m.logical_tokens}",
+                )
+                expect(
+                    "CANCEL-06",
+                    m.eval_loss is not None and m.epoch_complete is (j == n_eval),
+                    f"cancel at eval {j}: {m}",
+                )
 
 
 @pytest.mark.clause("CANCEL-03")
@@ -81,7 +102,9 @@ def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optim
                 tr.epoch(support.subset(ds, slice(0, k)))
             reference = model.parameters()
         with bound("CANCEL-03"):
-            support.assert_params_equal(cancelled, reference, backend, f"cancelled at {k} vs the first {k} micro-batches")
+            support.assert_params_equal(
+                cancelled, reference, backend, f"cancelled at {k} vs the first {k} micro-batches"
+            )
 
 
 @pytest.mark.clause("CANCEL-04")
@@ -93,11 +116,19 @@ def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, se
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(5, 256, probe.n_vocab, seed + 12)
     opt = OPTIMIZERS[optimizer]
-    first, discarded, later = support.subset(ds, slice(0, 2)), support.subset(ds, slice(0, 3)), support.subset(ds, slice(3, 5))
+    first, discarded, later = (
+        support.subset(ds, slice(0, 2)),
+        support.subset(ds, slice(0, 3)),
+        support.subset(ds, slice(3, 5)),
+    )
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             tr.epoch(discarded, progress=_stop_at(3, []))
-            expect("CANCEL-04", tr.period_position == 0, f"{tr.period_position} micro-batches of a period survived the cancel")
+            expect(
+                "CANCEL-04",
+                tr.period_position == 0,
+                f"{tr.period_position} micro-batches of a period survived the cancel",
+            )
             acc = tr.gradient_accumulator("output.weight")
             expect("CANCEL-04", acc is not None and not acc.any(), "a partial gradient survived the cancel")
             tr.epoch(later)
@@ -135,8 +166,13 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
                 return True
 
             tr.epoch(ds, val_fraction=frac, progress=progress, epoch_callback=c_callback)
-            expect("CANCEL-01", calls == [(True, i, n_train, True, True) for i in range(1, n_train + 1)] +
-                   [(False, j, n_eval, True, True) for j in range(1, n_eval + 1)], f"C callback calls {calls}")
+            expect(
+                "CANCEL-01",
+                calls
+                == [(True, i, n_train, True, True) for i in range(1, n_train + 1)]
+                + [(False, j, n_eval, True, True) for j in range(1, n_eval + 1)],
+                f"C callback calls {calls}",
+            )
             expect("CANCEL-01", len(progress_calls) == n_train + n_eval, f"progress ran {len(progress_calls)} times")
             expect("CANCEL-01", tr.stop_requests == 0, f"{tr.stop_requests} stop requests without a cancel")
             for k in (1, 3):
@@ -144,8 +180,11 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
                 before = tr.stop_requests
                 tr.epoch(ds, val_fraction=frac, progress=_stop_at(k, []), epoch_callback=c_callback)
                 expect("CANCEL-01", [c[1] for c in calls] == list(range(1, k + 1)), f"cancel at {k}: C calls {calls}")
-                expect("CANCEL-01", tr.stop_requests - before == 1,
-                       f"cancel at {k}: {tr.stop_requests - before} stop requests reached llama.cpp")
+                expect(
+                    "CANCEL-01",
+                    tr.stop_requests - before == 1,
+                    f"cancel at {k}: {tr.stop_requests - before} stop requests reached llama.cpp",
+                )
 
 
 @pytest.mark.clause("CANCEL-07")
@@ -175,9 +214,12 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
                 way_out = time.monotonic() - cancelled_at[0]
             owed = compute_s * (1 - duty) / duty  # the debt of the cancelled micro-batch
             expect("CANCEL-07", m.train_micro_batches == k, f"stopped after {m.train_micro_batches}, not {k}")
-            expect("CANCEL-07", way_out < 0.5 * owed,
-                   f"duty {duty}, stop at {k}: {way_out * 1e3:.1f} ms from the cancel to the return, "
-                   f"with {owed * 1e3:.1f} ms of debt owed")
+            expect(
+                "CANCEL-07",
+                way_out < 0.5 * owed,
+                f"duty {duty}, stop at {k}: {way_out * 1e3:.1f} ms from the cancel to the return, "
+                f"with {owed * 1e3:.1f} ms of debt owed",
+            )
 
 
 @pytest.mark.clause("CANCEL-08")
@@ -189,10 +231,14 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
     class Boom(Exception):
         pass
 
-    with support.load(backend, model_path) as m_outer, support.context(m_outer, n_ubatch=UBATCH) as c_outer, \
-            support.load(backend, model_path) as m_inner, support.context(m_inner, n_ubatch=UBATCH) as c_inner, \
-            retro.Trainer(c_outer, optimizer=retro.SGD(lr=0.01)) as outer, \
-            retro.Trainer(c_inner, optimizer=retro.SGD(lr=0.01)) as inner:
+    with (
+        support.load(backend, model_path) as m_outer,
+        support.context(m_outer, n_ubatch=UBATCH) as c_outer,
+        support.load(backend, model_path) as m_inner,
+        support.context(m_inner, n_ubatch=UBATCH) as c_inner,
+        retro.Trainer(c_outer, optimizer=retro.SGD(lr=0.01)) as outer,
+        retro.Trainer(c_inner, optimizer=retro.SGD(lr=0.01)) as inner,
+    ):
         ds = support.windows(1, 256, m_outer.n_vocab, seed + 15)
         expected_inner = {"return": [1, 2, 3, 4], "cancel": [1], "native error": [1], "exception": [1]}
         for exit_kind, want in expected_inner.items():
@@ -224,5 +270,8 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
             inner_calls.clear()
             inner.epoch(ds)
             outer.epoch(ds)
-            expect("CANCEL-08", outer_calls == inner_calls == [],
-                   f"{exit_kind}: a call without progress reached {outer_calls or inner_calls}")
+            expect(
+                "CANCEL-08",
+                outer_calls == inner_calls == [],
+                f"{exit_kind}: a call without progress reached {outer_calls or inner_calls}",
+            )

@@ -37,26 +37,37 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 20)
     for site, (cls, diagnostic) in SITES.items():
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx) as tr:
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, n_ubatch=64) as ctx,
+            _trainer(ctx) as tr,
+        ):
             fi.reset()
             fi.arm(site, 2)
             with pytest.raises(retro.RetroError) as err:
                 tr.epoch(ds)
-            expect("FAIL-01", type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}")
+            expect(
+                "FAIL-01", type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}"
+            )
             expect("FAIL-01", diagnostic in str(err.value), f"{site}: no native diagnostic in {str(err.value)!r}")
 
 
 @pytest.mark.clause("FAIL-02", "FAIL-03")
-@pytest.mark.parametrize("site, optimizer, accumulation", [("alloc", "sgd", 1), ("compute", "sgd", 1),
-                                                            ("graph_build", "adamw", 2), ("compute", "adamw", 2)])
+@pytest.mark.parametrize(
+    "site, optimizer, accumulation",
+    [("alloc", "sgd", 1), ("compute", "sgd", 1), ("graph_build", "adamw", 2), ("compute", "adamw", 2)],
+)
 def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_path, seed, site, optimizer, accumulation):
     """Failing micro-batch k: the progress callback saw only 1..k-1, and the optimizer iteration
     is the one the last completed step left."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(2, 256, probe.n_vocab, seed + 21)
     for k in (1, 3, 8):
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
-                _trainer(ctx, accumulation, optimizer) as tr:
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, n_ubatch=64) as ctx,
+            _trainer(ctx, accumulation, optimizer) as tr,
+        ):
             seen: list[int] = []
 
             def progress(p: retro.Progress) -> bool:
@@ -69,8 +80,11 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_pat
                 tr.epoch(ds, progress=progress)
             expect("FAIL-02", seen == list(range(1, k)), f"{site} at {k}: callbacks for {seen}")
             completed_steps = (k - 1) // accumulation
-            expect("FAIL-03", tr.iteration == 1 + completed_steps,
-                   f"{site} at {k}: cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}")
+            expect(
+                "FAIL-03",
+                tr.iteration == 1 + completed_steps,
+                f"{site} at {k}: cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}",
+            )
 
 
 def _check_state_dropped(backend, model_path, seed, site):
@@ -83,12 +97,18 @@ def _check_state_dropped(backend, model_path, seed, site):
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 22)
     tokens, labels = ds.tokens[0], ds.labels[0]
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
-            _trainer(ctx, 2, "adamw") as tr:
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, n_ubatch=64) as ctx,
+        _trainer(ctx, 2, "adamw") as tr,
+    ):
         tr.epoch(ds)
         micro_batch(tr, tokens[:64], labels[:64], pos0=0)
-        expect("FAIL-04", ctx.sequence_length == 64 and tr.period_position == 1,
-               f"the first micro-batch left {ctx.sequence_length} positions, period position {tr.period_position}")
+        expect(
+            "FAIL-04",
+            ctx.sequence_length == 64 and tr.period_position == 1,
+            f"the first micro-batch left {ctx.sequence_length} positions, period position {tr.period_position}",
+        )
         fi.reset()
         fi.arm(site, 1)
         with pytest.raises(retro.BeforeComputeError):
@@ -133,8 +153,11 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
         later = support.windows(2, 256, probe.n_vocab, seed + 25)
     runs = []
     for fail in (True, False):
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
-                _trainer(ctx, 2, "adamw") as tr:
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, n_ubatch=64) as ctx,
+            _trainer(ctx, 2, "adamw") as tr,
+        ):
             tr.epoch(warm)
             if fail:
                 fi.arm(site, 2)  # the first micro-batch's gradient is pending when the second one fails
@@ -210,18 +233,27 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
                 tr.epoch(then)
             expect("FAIL-08", tr.poisoned, "the trainer is not poisoned")
         ckpt = retro.Checkpoint.load(saved)
-        expect("FAIL-08", support.changed(ckpt.parameters, model.parameters()),
-               "the failed call left the checkpoint's parameters: restoring would prove nothing")
+        expect(
+            "FAIL-08",
+            support.changed(ckpt.parameters, model.parameters()),
+            "the failed call left the checkpoint's parameters: restoring would prove nothing",
+        )
         with retro.Trainer(ctx, optimizer=adamw) as fresh:
             fresh.restore(ckpt)
-            expect("FAIL-08", fresh.iteration == ckpt.iteration == 3, f"cursor {fresh.iteration}, checkpoint {ckpt.iteration}")
+            expect(
+                "FAIL-08",
+                fresh.iteration == ckpt.iteration == 3,
+                f"cursor {fresh.iteration}, checkpoint {ckpt.iteration}",
+            )
             with bound("FAIL-08"):
                 support.assert_params_equal(model.parameters(), ckpt.parameters, backend, "restored parameters")
             for name, (m, v) in ckpt.moments.items():
                 got = fresh.moments(name)
                 with bound("FAIL-08"):
                     assert got is not None, f"{name}: no moments after restore"
-                    support.assert_params_equal({"m": got[0], "v": got[1]}, {"m": m, "v": v}, backend, f"{name} moments")
+                    support.assert_params_equal(
+                        {"m": got[0], "v": got[1]}, {"m": m, "v": v}, backend, f"{name} moments"
+                    )
             fresh.epoch(then)
             with bound("FAIL-08"):
                 support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")

@@ -30,8 +30,12 @@ def raised(fn: Callable[[], object]) -> BaseException | None:
 def _state(model: retro.Model, tr: retro.Trainer) -> tuple:
     params = model.parameters()
     moments = tr.moments("output.weight")
-    return ({n: a.tobytes() for n, a in params.items()}, None if moments is None else (moments[0].tobytes(), moments[1].tobytes()),
-            tr.iteration, tr.period_position)
+    return (
+        {n: a.tobytes() for n, a in params.items()},
+        None if moments is None else (moments[0].tobytes(), moments[1].tobytes()),
+        tr.iteration,
+        tr.period_position,
+    )
 
 
 @st.composite
@@ -61,18 +65,24 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
     """Property: for any epoch call with one bad detail (an id out of range in any window, a
     width that does not divide into micro-batches, a bad split, a wrong dtype), a typed error is
     raised and the parameters, AdamW moments, cursor and accumulation position are unchanged."""
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, \
-            retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, n_ubatch=64) as ctx,
+        retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr,
+    ):
         tr.epoch(support.windows(1, 256, model.n_vocab, seed + 30))
         before = _state(model, tr)
 
-        @settings(max_examples=40, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        )
         @given(call=bad_epochs(model.n_vocab))
         def check(call: dict) -> None:
             fi.reset()
             err = raised(lambda: tr.epoch(**call))
-            expect("SHAPE-01", isinstance(err, TYPED), f"raised {err!r}, expected a ValueError, TypeError or OverflowError")
+            expect(
+                "SHAPE-01", isinstance(err, TYPED), f"raised {err!r}, expected a ValueError, TypeError or OverflowError"
+            )
             expect("SHAPE-01", fi.hits("compute") == 0, "a bad call reached the backend")
             expect("SHAPE-01", _state(model, tr) == before, "a rejected call changed the trainer's state")
 

@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #if defined(_WIN32)
-#    define RETRO_HOOKS_API __declspec(dllexport)
+#define RETRO_HOOKS_API __declspec(dllexport)
 #else
-#    define RETRO_HOOKS_API __attribute__((visibility("default")))
+#define RETRO_HOOKS_API __attribute__((visibility("default")))
 #endif
 
 #ifdef __cplusplus

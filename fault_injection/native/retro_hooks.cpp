@@ -15,10 +15,10 @@ struct site_state {
     bool persistent  = false;
 };
 
-std::mutex              g_plan_mutex;
-std::atomic<bool>       g_armed{false};
-site_state              g_sites[RETRO_SITE_COUNT];
-std::atomic<bool>       g_defects[RETRO_DEFECT_COUNT];
+std::mutex g_plan_mutex;
+std::atomic<bool> g_armed{false};
+site_state g_sites[RETRO_SITE_COUNT];
+std::atomic<bool> g_defects[RETRO_DEFECT_COUNT];
 
 const char * const k_site_names[] = {
 #define X(id, name, status) name,
@@ -32,7 +32,9 @@ const char * const k_defect_clauses[] = {
 #undef X
 };
 
-bool valid_site(int site) { return site >= 0 && site < RETRO_SITE_COUNT; }
+bool valid_site(int site) {
+    return site >= 0 && site < RETRO_SITE_COUNT;
+}
 
 }  // namespace
 
@@ -40,7 +42,7 @@ bool retro_fault_hit(enum retro_site site) {
     if (!valid_site(site)) {
         return false;
     }
-    site_state & s = g_sites[site];
+    site_state & s    = g_sites[site];
     const int64_t hit = s.hits.fetch_add(1, std::memory_order_relaxed) + 1;
     if (!g_armed.load(std::memory_order_acquire)) {
         return false;
@@ -57,8 +59,8 @@ void retro_fault_arm(enum retro_site site, int64_t hit, bool persistent) {
     }
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     site_state & s = g_sites[site];
-    s.fail_at    = hit > 0 ? s.hits.load() + hit : 0;
-    s.persistent = persistent;
+    s.fail_at      = hit > 0 ? s.hits.load() + hit : 0;
+    s.persistent   = persistent;
     g_armed.store(true, std::memory_order_release);
 }
 
@@ -67,8 +69,8 @@ void retro_fault_reset(void) {
     g_armed.store(false, std::memory_order_release);
     for (site_state & s : g_sites) {
         s.hits.store(0);
-        s.failures = 0;
-        s.fail_at = 0;
+        s.failures   = 0;
+        s.fail_at    = 0;
         s.persistent = false;
     }
 }

@@ -34,15 +34,18 @@ void bind_errors(py::module_ & m) {
             PyErr_SetString(cls.ptr(), e.what());
         }
     });
-    m.def("error_kinds", []() {
-        std::size_t n = 0;
-        const ErrorKindInfo * kinds = error_kinds(&n);
-        std::vector<std::tuple<std::string, std::string, std::string>> out;
-        for (std::size_t i = 0; i < n; ++i) {
-            out.emplace_back(kinds[i].python_class, kinds[i].python_base, kinds[i].doc);
-        }
-        return out;
-    }, "(class, base, docstring) of every native error, bases first");
+    m.def(
+            "error_kinds",
+            []() {
+                std::size_t n               = 0;
+                const ErrorKindInfo * kinds = error_kinds(&n);
+                std::vector<std::tuple<std::string, std::string, std::string>> out;
+                for (std::size_t i = 0; i < n; ++i) {
+                    out.emplace_back(kinds[i].python_class, kinds[i].python_base, kinds[i].doc);
+                }
+                return out;
+            },
+            "(class, base, docstring) of every native error, bases first");
 }
 
 }  // namespace retro::bindings

@@ -45,14 +45,22 @@ void bind_hooks(py::module_ & m) {
     auto hooks = m.def_submodule("hooks", "fault sites and seeded-defect switches compiled into the fork");
     hooks.def("sites", []() { return names(RETRO_SITE_COUNT, retro_site_name); });
     hooks.def("defects", []() { return names(RETRO_DEFECT_COUNT, retro_defect_clause); });
-    hooks.def("arm", [](const std::string & site, int64_t hit, bool persistent) { retro_fault_arm(site_of(site), hit, persistent); },
-              py::arg("site"), py::arg("hit"), py::arg("persistent"));
+    hooks.def(
+            "arm",
+            [](const std::string & site, int64_t hit, bool persistent) {
+                retro_fault_arm(site_of(site), hit, persistent);
+            },
+            py::arg("site"), py::arg("hit"), py::arg("persistent"));
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
-    hooks.def("failures", [](const std::string & site) { return retro_fault_failures(site_of(site)); }, py::arg("site"));
-    hooks.def("defect_on", [](const std::string & clause) { return retro_defect_on(defect_of(clause)); }, py::arg("clause"));
-    hooks.def("set_defect", [](const std::string & clause, bool on) { retro_defect_set(defect_of(clause), on); },
-              py::arg("clause"), py::arg("on"));
+    hooks.def(
+            "failures", [](const std::string & site) { return retro_fault_failures(site_of(site)); }, py::arg("site"));
+    hooks.def(
+            "defect_on", [](const std::string & clause) { return retro_defect_on(defect_of(clause)); },
+            py::arg("clause"));
+    hooks.def(
+            "set_defect", [](const std::string & clause, bool on) { retro_defect_set(defect_of(clause), on); },
+            py::arg("clause"), py::arg("on"));
 }
 
 }  // namespace retro::bindings

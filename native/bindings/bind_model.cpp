@@ -28,11 +28,11 @@ std::shared_ptr<Model> load_model(const std::string & path, std::optional<std::v
     }
     devs.push_back(nullptr);
     llama_model_params params = llama_model_default_params();
-    params.devices      = device_indices ? devs.data() : nullptr;
-    params.n_gpu_layers = gpu_layers;
+    params.devices            = device_indices ? devs.data() : nullptr;
+    params.n_gpu_layers       = gpu_layers;
     // the optimizer writes the weights in place: a read-only mapping would fault on the first step
-    params.load_mode    = trainable ? LLAMA_LOAD_MODE_NONE : params.load_mode;
-    auto model = std::make_shared<Model>();
+    params.load_mode = trainable ? LLAMA_LOAD_MODE_NONE : params.load_mode;
+    auto model       = std::make_shared<Model>();
     model->trainable = trainable;
     clear_recent_errors();
     {
@@ -52,13 +52,15 @@ std::vector<int32_t> tokenize(const Model & m, const std::string & text, bool ad
         throw py::value_error("text too long to tokenize");
     }
     std::vector<int32_t> out(text.size() + 8);
-    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                               parse_special);
     if (n == INT32_MIN) {
         throw py::value_error("tokenization result too large");
     }
     if (n < 0) {
         out.resize(-(int64_t) n);
-        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                           parse_special);
     }
     out.resize(std::max(n, 0));
     return out;
@@ -66,7 +68,7 @@ std::vector<int32_t> tokenize(const Model & m, const std::string & text, bool ad
 
 py::bytes detokenize(const Model & m, const std::vector<int32_t> & tokens, bool render_special) {
     const llama_vocab * vocab = llama_model_get_vocab(m.get());
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    const int32_t n_vocab     = llama_vocab_n_tokens(vocab);
     // int32 counts: the token count and the text buffer (8 bytes a token) must fit
     if (tokens.size() > (size_t) (INT32_MAX - 16) / 8) {
         throw py::value_error("too many tokens to detokenize at once");
@@ -77,10 +79,12 @@ py::bytes detokenize(const Model & m, const std::vector<int32_t> & tokens, bool 
         }
     }
     std::string text(tokens.size() * 8 + 16, '\0');
-    int32_t n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), false, render_special);
+    int32_t n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(),
+                                 false, render_special);
     if (n < 0) {
         text.resize(-(int64_t) n);
-        n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), false, render_special);
+        n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), false,
+                             render_special);
     }
     text.resize(std::max(n, 0));
     return py::bytes(text);
@@ -98,32 +102,39 @@ ggml_tensor * named_tensor(const Model & m, const std::string & name) {
 
 void bind_model(py::module_ & m) {
     py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-        .def_static("load", &load_model, py::arg("path"), py::arg("devices"), py::arg("gpu_layers"), py::arg("trainable"))
-        .def("close", &Model::close)
-        .def_property_readonly("closed", [](const Model & self) { return self.model == nullptr; })
-        .def_readonly("trainable", &Model::trainable)
-        .def_property_readonly("n_vocab", [](const Model & self) { return llama_vocab_n_tokens(llama_model_get_vocab(self.get())); })
-        .def_property_readonly("n_ctx_train", [](const Model & self) { return llama_model_n_ctx_train(self.get()); })
-        .def_property_readonly("n_layer", [](const Model & self) { return llama_model_n_layer(self.get()); })
-        .def_property_readonly("n_embd", [](const Model & self) { return llama_model_n_embd(self.get()); })
-        .def("tokenize", &tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
-        .def("detokenize", &detokenize, py::arg("tokens"), py::arg("render_special"))
-        .def("tensor_names", [](const Model & self) {
-            std::vector<std::string> names;
-            for (int32_t i = 0; i < llama_model_n_tensors(self.get()); ++i) {
-                names.emplace_back(ggml_get_name(llama_model_get_tensor(self.get(), i)));
-            }
-            return names;
-        })
-        .def("tensor", [](const Model & self, const std::string & name) { return tensor_to_numpy(named_tensor(self, name)); })
-        .def("set_tensor", [](const Model & self, const std::string & name, py::array_t<float, py::array::c_style> values) {
-            write_f32(named_tensor(self, name), values.data(), (size_t) values.size());
-        })
-        .def("save", [](const Model & self, const std::string & path) {
-            clear_recent_errors();
-            py::gil_scoped_release release;
-            llama_model_save_to_file(self.get(), path.c_str());
-        });
+            .def_static("load", &load_model, py::arg("path"), py::arg("devices"), py::arg("gpu_layers"),
+                        py::arg("trainable"))
+            .def("close", &Model::close)
+            .def_property_readonly("closed", [](const Model & self) { return self.model == nullptr; })
+            .def_readonly("trainable", &Model::trainable)
+            .def_property_readonly(
+                    "n_vocab",
+                    [](const Model & self) { return llama_vocab_n_tokens(llama_model_get_vocab(self.get())); })
+            .def_property_readonly("n_ctx_train",
+                                   [](const Model & self) { return llama_model_n_ctx_train(self.get()); })
+            .def_property_readonly("n_layer", [](const Model & self) { return llama_model_n_layer(self.get()); })
+            .def_property_readonly("n_embd", [](const Model & self) { return llama_model_n_embd(self.get()); })
+            .def("tokenize", &tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
+            .def("detokenize", &detokenize, py::arg("tokens"), py::arg("render_special"))
+            .def("tensor_names",
+                 [](const Model & self) {
+                     std::vector<std::string> names;
+                     for (int32_t i = 0; i < llama_model_n_tensors(self.get()); ++i) {
+                         names.emplace_back(ggml_get_name(llama_model_get_tensor(self.get(), i)));
+                     }
+                     return names;
+                 })
+            .def("tensor",
+                 [](const Model & self, const std::string & name) { return tensor_to_numpy(named_tensor(self, name)); })
+            .def("set_tensor",
+                 [](const Model & self, const std::string & name, py::array_t<float, py::array::c_style> values) {
+                     write_f32(named_tensor(self, name), values.data(), (size_t) values.size());
+                 })
+            .def("save", [](const Model & self, const std::string & path) {
+                clear_recent_errors();
+                py::gil_scoped_release release;
+                llama_model_save_to_file(self.get(), path.c_str());
+            });
 }
 
 }  // namespace retro::bindings

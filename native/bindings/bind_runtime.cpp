@@ -14,11 +14,16 @@ namespace {
 
 const char * device_kind(ggml_backend_dev_t dev) {
     switch (ggml_backend_dev_type(dev)) {
-        case GGML_BACKEND_DEVICE_TYPE_CPU:   return "cpu";
-        case GGML_BACKEND_DEVICE_TYPE_GPU:   return "gpu";
-        case GGML_BACKEND_DEVICE_TYPE_IGPU:  return "igpu";
-        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
-        default:                             return "other";
+        case GGML_BACKEND_DEVICE_TYPE_CPU:
+            return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU:
+            return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU:
+            return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL:
+            return "accel";
+        default:
+            return "other";
     }
 }
 
@@ -30,9 +35,10 @@ py::list devices() {
         ggml_backend_dev_memory(dev, &free, &total);
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
         out.append(py::dict(py::arg("index") = i, py::arg("name") = ggml_backend_dev_name(dev),
-                            py::arg("description") = ggml_backend_dev_description(dev), py::arg("kind") = device_kind(dev),
-                            py::arg("backend") = reg ? ggml_backend_reg_name(reg) : "",
-                            py::arg("memory_free") = free, py::arg("memory_total") = total));
+                            py::arg("description") = ggml_backend_dev_description(dev),
+                            py::arg("kind")        = device_kind(dev),
+                            py::arg("backend") = reg ? ggml_backend_reg_name(reg) : "", py::arg("memory_free") = free,
+                            py::arg("memory_total") = total));
     }
     return out;
 }

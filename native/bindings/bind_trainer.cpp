@@ -13,7 +13,7 @@ using Int32Array = py::array_t<int32_t, py::array::c_style>;
 // the windows of one epoch call; the arrays stay borrowed for the synchronous call
 EpochRequest request_of(const Int32Array & tokens, const Int32Array & labels, int64_t n_train, double duty_cycle) {
     if (tokens.ndim() != 2 || labels.ndim() != 2 || tokens.shape(0) != labels.shape(0) ||
-            tokens.shape(1) != labels.shape(1)) {
+        tokens.shape(1) != labels.shape(1)) {
         throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
     }
     EpochRequest r;
@@ -44,8 +44,8 @@ std::shared_ptr<const ProgressFn> progress_of(const py::object & progress) {
 
 EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train,
                    const py::object & progress, uintptr_t epoch_callback, double duty_cycle) {
-    EpochRequest r = request_of(tokens, labels, n_train, duty_cycle);
-    r.progress = progress_of(progress);
+    EpochRequest r   = request_of(tokens, labels, n_train, duty_cycle);
+    r.progress       = progress_of(progress);
     r.epoch_callback = reinterpret_cast<ggml_opt_epoch_callback>(epoch_callback);
     py::gil_scoped_release release;
     return t.epoch(r);
@@ -76,67 +76,81 @@ py::object read_state(Trainer & t, const std::string & name, int which) {
 
 void bind_trainer(py::module_ & m) {
     py::enum_<ggml_opt_optimizer_type>(m, "OptimizerType")
-        .value("ADAMW", GGML_OPT_OPTIMIZER_TYPE_ADAMW)
-        .value("SGD", GGML_OPT_OPTIMIZER_TYPE_SGD);
+            .value("ADAMW", GGML_OPT_OPTIMIZER_TYPE_ADAMW)
+            .value("SGD", GGML_OPT_OPTIMIZER_TYPE_SGD);
 
     py::class_<OptimizerSettings>(m, "OptimizerSettings")
-        .def(py::init<>())
-        .def_readwrite("type", &OptimizerSettings::type)
-        .def_readwrite("lr", &OptimizerSettings::lr)
-        .def_readwrite("beta1", &OptimizerSettings::beta1)
-        .def_readwrite("beta2", &OptimizerSettings::beta2)
-        .def_readwrite("eps", &OptimizerSettings::eps)
-        .def_readwrite("wd", &OptimizerSettings::wd);
+            .def(py::init<>())
+            .def_readwrite("type", &OptimizerSettings::type)
+            .def_readwrite("lr", &OptimizerSettings::lr)
+            .def_readwrite("beta1", &OptimizerSettings::beta1)
+            .def_readwrite("beta2", &OptimizerSettings::beta2)
+            .def_readwrite("eps", &OptimizerSettings::eps)
+            .def_readwrite("wd", &OptimizerSettings::wd);
 
     py::class_<EpochMetrics>(m, "EpochMetrics")
-        .def_readonly("train_loss", &EpochMetrics::train_loss)
-        .def_readonly("train_loss_unc", &EpochMetrics::train_loss_unc)
-        .def_readonly("train_accuracy", &EpochMetrics::train_accuracy)
-        .def_readonly("eval_loss", &EpochMetrics::eval_loss)
-        .def_readonly("eval_loss_unc", &EpochMetrics::eval_loss_unc)
-        .def_readonly("eval_accuracy", &EpochMetrics::eval_accuracy)
-        .def_readonly("has_eval", &EpochMetrics::has_eval)
-        .def_readonly("train_micro_batches", &EpochMetrics::train_micro_batches)
-        .def_readonly("eval_micro_batches", &EpochMetrics::eval_micro_batches)
-        .def_readonly("optimizer_steps", &EpochMetrics::optimizer_steps)
-        .def_readonly("logical_tokens", &EpochMetrics::logical_tokens)
-        .def_readonly("physical_tokens", &EpochMetrics::physical_tokens)
-        .def_readonly("epoch_complete", &EpochMetrics::epoch_complete)
-        .def_readonly("elapsed_s", &EpochMetrics::elapsed_s)
-        .def_readonly("throttle_s", &EpochMetrics::throttle_s);
+            .def_readonly("train_loss", &EpochMetrics::train_loss)
+            .def_readonly("train_loss_unc", &EpochMetrics::train_loss_unc)
+            .def_readonly("train_accuracy", &EpochMetrics::train_accuracy)
+            .def_readonly("eval_loss", &EpochMetrics::eval_loss)
+            .def_readonly("eval_loss_unc", &EpochMetrics::eval_loss_unc)
+            .def_readonly("eval_accuracy", &EpochMetrics::eval_accuracy)
+            .def_readonly("has_eval", &EpochMetrics::has_eval)
+            .def_readonly("train_micro_batches", &EpochMetrics::train_micro_batches)
+            .def_readonly("eval_micro_batches", &EpochMetrics::eval_micro_batches)
+            .def_readonly("optimizer_steps", &EpochMetrics::optimizer_steps)
+            .def_readonly("logical_tokens", &EpochMetrics::logical_tokens)
+            .def_readonly("physical_tokens", &EpochMetrics::physical_tokens)
+            .def_readonly("epoch_complete", &EpochMetrics::epoch_complete)
+            .def_readonly("elapsed_s", &EpochMetrics::elapsed_s)
+            .def_readonly("throttle_s", &EpochMetrics::throttle_s);
 
     py::class_<Trainer>(m, "Trainer")
-        .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(),
-             py::arg("context"), py::arg("optimizer"), py::arg("accumulation"), py::call_guard<py::gil_scoped_release>())
-        .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
-             py::arg("epoch_callback"), py::arg("duty_cycle"))
-        .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
-        .def("micro_batch", [](Trainer & t, const Int32Array & tokens, const Int32Array & labels, int32_t pos0, bool train) {
-            if (tokens.ndim() != 1 || labels.ndim() != 1 || tokens.size() != labels.size() || tokens.size() > INT32_MAX) {
-                throw std::invalid_argument("tokens and labels must be 1-D arrays of one length");
-            }
-            py::gil_scoped_release release;
-            t.micro_batch(tokens.data(), labels.data(), (int32_t) tokens.size(), pos0, train);
-        }, py::arg("tokens"), py::arg("labels"), py::arg("pos0"), py::arg("train"))
-        .def("close", &Trainer::close)
-        .def_property_readonly("closed", &Trainer::closed)
-        .def_property_readonly("iteration", &Trainer::iteration)
-        .def_property_readonly("period_position", &Trainer::period_position)
-        .def_property_readonly("poisoned", &Trainer::poisoned)
-        .def_property_readonly("stop_requests", &Trainer::stop_requests)
-        .def("moment", [](Trainer & t, const std::string & name, int which) { return read_state(t, name, which == 0 ? 0 : 1); },
-             py::arg("name"), py::arg("which"))
-        .def("gradient_accumulator", [](Trainer & t, const std::string & name) { return read_state(t, name, -1); },
-             py::arg("name"))
-        .def("prepare_state", &Trainer::prepare_state, py::call_guard<py::gil_scoped_release>())
-        .def("set_moment", [](Trainer & t, const std::string & name, int which, py::array_t<float, py::array::c_style> values) {
-            ggml_tensor * s = state_of(t, name, which == 0 ? 0 : 1);
-            if (!s) {
-                throw Error(ErrorKind::InvalidState, "no optimizer moment for '" + name + "' (prepare the state first)");
-            }
-            write_f32(s, values.data(), (size_t) values.size());
-        }, py::arg("name"), py::arg("which"), py::arg("values"))
-        .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"));
+            .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(), py::arg("context"),
+                 py::arg("optimizer"), py::arg("accumulation"), py::call_guard<py::gil_scoped_release>())
+            .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
+                 py::arg("epoch_callback"), py::arg("duty_cycle"))
+            .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
+            .def(
+                    "micro_batch",
+                    [](Trainer & t, const Int32Array & tokens, const Int32Array & labels, int32_t pos0, bool train) {
+                        if (tokens.ndim() != 1 || labels.ndim() != 1 || tokens.size() != labels.size() ||
+                            tokens.size() > INT32_MAX) {
+                            throw std::invalid_argument("tokens and labels must be 1-D arrays of one length");
+                        }
+                        py::gil_scoped_release release;
+                        t.micro_batch(tokens.data(), labels.data(), (int32_t) tokens.size(), pos0, train);
+                    },
+                    py::arg("tokens"), py::arg("labels"), py::arg("pos0"), py::arg("train"))
+            .def("close", &Trainer::close)
+            .def_property_readonly("closed", &Trainer::closed)
+            .def_property_readonly("iteration", &Trainer::iteration)
+            .def_property_readonly("period_position", &Trainer::period_position)
+            .def_property_readonly("poisoned", &Trainer::poisoned)
+            .def_property_readonly("stop_requests", &Trainer::stop_requests)
+            .def(
+                    "moment",
+                    [](Trainer & t, const std::string & name, int which) {
+                        return read_state(t, name, which == 0 ? 0 : 1);
+                    },
+                    py::arg("name"), py::arg("which"))
+            .def(
+                    "gradient_accumulator",
+                    [](Trainer & t, const std::string & name) { return read_state(t, name, -1); }, py::arg("name"))
+            .def("prepare_state", &Trainer::prepare_state, py::call_guard<py::gil_scoped_release>())
+            .def(
+                    "set_moment",
+                    [](Trainer & t, const std::string & name, int which,
+                       py::array_t<float, py::array::c_style> values) {
+                        ggml_tensor * s = state_of(t, name, which == 0 ? 0 : 1);
+                        if (!s) {
+                            throw Error(ErrorKind::InvalidState,
+                                        "no optimizer moment for '" + name + "' (prepare the state first)");
+                        }
+                        write_f32(s, values.data(), (size_t) values.size());
+                    },
+                    py::arg("name"), py::arg("which"), py::arg("values"))
+            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"));
 }
 
 }  // namespace retro::bindings

@@ -29,8 +29,8 @@ ScopeGuard::~ScopeGuard() {
     }
 }
 
-void runtime_epoch_callback(bool train, ggml_opt_context_t, ggml_opt_dataset_t, ggml_opt_result_t,
-                            int64_t ibatch, int64_t ibatch_max, int64_t) {
+void runtime_epoch_callback(bool train, ggml_opt_context_t, ggml_opt_dataset_t, ggml_opt_result_t, int64_t ibatch,
+                            int64_t ibatch_max, int64_t) {
     if (!t_scopes || t_scopes->empty()) {
         return;
     }

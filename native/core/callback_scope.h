@@ -18,9 +18,9 @@ namespace retro {
 using ProgressFn = std::function<bool(bool train, int64_t done, int64_t total)>;
 
 struct ProgressScope {
-    llama_context *                   ctx = nullptr;
+    llama_context * ctx = nullptr;
     std::shared_ptr<const ProgressFn> progress;  // empty: no progress callback
-    std::exception_ptr                error;     // the first exception progress raised
+    std::exception_ptr error;                    // the first exception progress raised
 };
 
 // Pushes a scope for one epoch call; pop() runs on every exit unless `keep` (CANCEL-08's seeded

@@ -19,7 +19,7 @@ struct ResultDeleter {
     void operator()(ggml_opt_result * r) const { ggml_opt_result_free(r); }
 };
 using ResultPtr = std::unique_ptr<ggml_opt_result, ResultDeleter>;
-using Clock = std::chrono::steady_clock;
+using Clock     = std::chrono::steady_clock;
 
 // Every weight's bytes: what the seeded defects that undo work (CANCEL-03, FAIL-06) restore.
 class ParameterSnapshot {
@@ -58,7 +58,7 @@ void check_request(const EpochRequest & r, int64_t n_ctx, int64_t n_ubatch) {
 }  // namespace
 
 EpochMetrics Trainer::epoch(const EpochRequest & r) {
-    llama_context * lctx = ctx();
+    llama_context * lctx   = ctx();
     ggml_opt_context_t opt = llama_opt_get_context(lctx);
     const int64_t n_ctx    = llama_n_ctx(lctx);
     const int64_t n_ubatch = std::min<int64_t>(llama_n_ubatch(lctx), std::min<int64_t>(llama_n_batch(lctx), n_ctx));
@@ -66,7 +66,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
     if (ggml_opt_backend_failed(opt)) {
         throw training_error(LLAMA_OPT_STATUS_POISONED);
     }
-    defects_ = Defects::current();
+    defects_               = Defects::current();
     const Defects & defect = defects_;
 
     const int64_t per_window = r.width / n_ubatch;
@@ -79,10 +79,10 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
     }
 
     EpochMetrics m;
-    const int64_t iter0 = ggml_opt_get_iter(opt);
+    const int64_t iter0   = ggml_opt_get_iter(opt);
     int32_t failed_status = LLAMA_OPT_STATUS_OK;
-    bool stopped = false;
-    const auto t0 = Clock::now();
+    bool stopped          = false;
+    const auto t0         = Clock::now();
 
     ScopeGuard guard(std::make_shared<ProgressScope>(ProgressScope{lctx, r.progress, nullptr}));
     ProgressScope & scope = guard.scope();
@@ -99,12 +99,12 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
         if (stopped) {
             break;
         }
-        const bool train = phase == 0;
-        const int64_t w_begin = train ? 0 : r.n_train;
-        const int64_t w_end   = train ? r.n_train : r.n_windows;
-        const int64_t total   = (w_end - w_begin) * per_window;
+        const bool train         = phase == 0;
+        const int64_t w_begin    = train ? 0 : r.n_train;
+        const int64_t w_end      = train ? r.n_train : r.n_windows;
+        const int64_t total      = (w_end - w_begin) * per_window;
         const int64_t t_phase_us = ggml_time_us();
-        int64_t done = 0;
+        int64_t done             = 0;
         ggml_opt_result_t result = train ? result_train.get() : result_eval.get();
         for (int64_t w = w_begin; w < w_end && !stopped; ++w) {
             for (int64_t k = 0; k < per_window; ++k) {
@@ -116,13 +116,13 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 if (defect(RETRO_DEFECT_CANCEL_03)) {
                     before_micro_batch.take(model);
                 }
-                const int64_t off = w * r.width + k * n_ubatch;
-                const auto t_mb = Clock::now();
+                const int64_t off    = w * r.width + k * n_ubatch;
+                const auto t_mb      = Clock::now();
                 const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,
                                                              (llama_pos) (k * n_ubatch), train, result);
                 if (status != LLAMA_OPT_STATUS_OK) {
                     failed_status = status;
-                    stopped = true;
+                    stopped       = true;
                     if (defect(RETRO_DEFECT_FAIL_02)) {  // seeded defect: the failed step is reported as done
                         runtime_epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
                     }
@@ -138,7 +138,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 ++done;
                 (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
                 // every label of a token window is real: no padding is sent to compute
-                m.logical_tokens  += n_ubatch;
+                m.logical_tokens += n_ubatch;
                 m.physical_tokens += n_ubatch;
                 if (defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
                     stopped = true;  // seeded defect: the request is checked before the callback

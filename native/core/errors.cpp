@@ -12,8 +12,8 @@ const ErrorKindInfo k_kinds[] = {
 };
 
 struct StatusInfo {
-    int32_t     status;
-    ErrorKind   kind;
+    int32_t status;
+    ErrorKind kind;
     const char * message;
 };
 

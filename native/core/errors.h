@@ -15,7 +15,7 @@ enum class ErrorKind {
 };
 
 struct ErrorKindInfo {
-    ErrorKind   kind;
+    ErrorKind kind;
     const char * python_class;
     const char * python_base;
     const char * doc;

@@ -14,8 +14,8 @@ namespace retro {
 
 struct Model {
     llama_model * model = nullptr;
-    bool trainable = false;
-    int open_contexts = 0;  // contexts created on this model and not yet closed
+    bool trainable      = false;
+    int open_contexts   = 0;  // contexts created on this model and not yet closed
 
     ~Model() {
         if (model) {
@@ -42,8 +42,8 @@ struct Model {
 struct Context {
     std::shared_ptr<Model> model;
     llama_context * ctx = nullptr;
-    int32_t n_past = 0;        // tokens of sequence 0 in the KV cache
-    bool has_trainer = false;  // llama_opt_init holds the context until the trainer closes
+    int32_t n_past      = 0;      // tokens of sequence 0 in the KV cache
+    bool has_trainer    = false;  // llama_opt_init holds the context until the trainer closes
 
     ~Context() { close(); }
     void close() {

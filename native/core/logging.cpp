@@ -12,11 +12,11 @@ namespace {
 constexpr size_t kMaxQueued = 4096;  // a chatty backend must not grow memory without bound
 constexpr size_t kMaxRecent = 16;
 
-std::mutex                               g_mutex;
+std::mutex g_mutex;
 std::vector<std::pair<int, std::string>> g_queue;
-std::deque<std::string>                  g_recent;
-std::string                              g_partial;  // text of a line not yet ended by '\n'
-int                                      g_partial_level = GGML_LOG_LEVEL_INFO;
+std::deque<std::string> g_recent;
+std::string g_partial;  // text of a line not yet ended by '\n'
+int g_partial_level = GGML_LOG_LEVEL_INFO;
 
 void push_line(int level, std::string line) {
     if (level >= GGML_LOG_LEVEL_WARN) {
@@ -69,7 +69,7 @@ void clear_recent_errors() {
 }
 
 std::string with_diagnostic(const std::string & what) {
-    std::string msg = what;
+    std::string msg  = what;
     const auto lines = recent_errors();
     if (!lines.empty()) {
         msg += "\nbackend diagnostic:";

@@ -29,7 +29,8 @@ void read_f32(const ggml_tensor * t, float * out) {
     }
     const auto * traits = ggml_get_type_traits(t->type);
     if (!traits->to_float || !ggml_is_contiguous(t)) {
-        throw std::invalid_argument(std::string("cannot read a tensor of type ") + ggml_type_name(t->type) + " as float32");
+        throw std::invalid_argument(std::string("cannot read a tensor of type ") + ggml_type_name(t->type) +
+                                    " as float32");
     }
     std::vector<uint8_t> raw(ggml_nbytes(t));
     ggml_backend_tensor_get(t, raw.data(), 0, raw.size());

@@ -18,8 +18,8 @@ Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt
         throw Error(ErrorKind::InvalidState, "the model was not loaded with trainable=True");
     }
     // llama_opt_init asserts these; the Python layer checks them first, this keeps asserts unreachable
-    const uint32_t n_ctx = llama_n_ctx(lctx);
-    const uint32_t n_batch = std::min(llama_n_batch(lctx), n_ctx);
+    const uint32_t n_ctx    = llama_n_ctx(lctx);
+    const uint32_t n_batch  = std::min(llama_n_batch(lctx), n_ctx);
     const uint32_t n_ubatch = std::min(llama_n_ubatch(lctx), n_batch);
     if (accumulation < 1 || n_ctx % n_batch != 0 || n_batch % n_ubatch != 0) {
         throw std::invalid_argument("training needs n_ctx % n_batch == 0, n_batch % n_ubatch == 0, accumulation >= 1");
@@ -59,21 +59,21 @@ llama_context * Trainer::ctx() const {
 }
 
 ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
-    const auto * t = static_cast<const Trainer *>(self);
+    const auto * t              = static_cast<const Trainer *>(self);
     ggml_opt_optimizer_params p = ggml_opt_get_default_optimizer_params(nullptr);
-    p.adamw.alpha = t->opt_.lr;
-    p.adamw.beta1 = t->opt_.beta1;
-    p.adamw.beta2 = t->opt_.beta2;
-    p.adamw.eps   = t->opt_.eps;
-    p.adamw.wd    = t->opt_.wd;
-    p.sgd.alpha   = t->opt_.lr;
-    p.sgd.wd      = t->opt_.wd;
+    p.adamw.alpha               = t->opt_.lr;
+    p.adamw.beta1               = t->opt_.beta1;
+    p.adamw.beta2               = t->opt_.beta2;
+    p.adamw.eps                 = t->opt_.eps;
+    p.adamw.wd                  = t->opt_.wd;
+    p.sgd.alpha                 = t->opt_.lr;
+    p.sgd.wd                    = t->opt_.wd;
     if (t->defects_(RETRO_DEFECT_BASE_02)) {
         // seeded defect: the step size depends on hidden process-wide state
         static int64_t calls = 0;
-        const float drift = 1.0f + 1e-2f * (float) (++calls % 7);
+        const float drift    = 1.0f + 1e-2f * (float) (++calls % 7);
         p.adamw.alpha *= drift;
-        p.sgd.alpha   *= drift;
+        p.sgd.alpha *= drift;
     }
     return p;
 }
@@ -95,7 +95,7 @@ int64_t Trainer::stop_requests() {
 }
 
 ggml_tensor * Trainer::state_tensor(const std::string & name, int which) {
-    ggml_opt_context_t o = opt();
+    ggml_opt_context_t o  = opt();
     const ggml_tensor * t = find_model_tensor(context_->model->get(), name);
     if (!t) {
         return nullptr;
@@ -116,7 +116,7 @@ void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_micro_batch(lctx, tokens, labels, n_tokens, pos0, train, nullptr);
-    context_->n_past = 0;  // the KV cache holds a training sequence now, not the caller's decode
+    context_->n_past     = 0;  // the KV cache holds a training sequence now, not the caller's decode
     if (status != LLAMA_OPT_STATUS_OK) {
         throw training_error(status);
     }

@@ -14,25 +14,25 @@ namespace retro {
 
 struct OptimizerSettings {
     ggml_opt_optimizer_type type = GGML_OPT_OPTIMIZER_TYPE_ADAMW;
-    float lr    = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps   = 1e-8f;
-    float wd    = 0.0f;
+    float lr                     = 1e-3f;
+    float beta1                  = 0.9f;
+    float beta2                  = 0.999f;
+    float eps                    = 1e-8f;
+    float wd                     = 0.0f;
 };
 
 struct EpochMetrics {
-    double  train_loss = 0.0, train_loss_unc = 0.0, train_accuracy = 0.0;
-    double  eval_loss = 0.0, eval_loss_unc = 0.0, eval_accuracy = 0.0;
-    bool    has_eval = false;
+    double train_loss = 0.0, train_loss_unc = 0.0, train_accuracy = 0.0;
+    double eval_loss = 0.0, eval_loss_unc = 0.0, eval_accuracy = 0.0;
+    bool has_eval               = false;
     int64_t train_micro_batches = 0;
     int64_t eval_micro_batches  = 0;
     int64_t optimizer_steps     = 0;
     int64_t logical_tokens      = 0;
     int64_t physical_tokens     = 0;
-    bool    epoch_complete      = false;
-    double  elapsed_s           = 0.0;
-    double  throttle_s          = 0.0;  // slept by the duty-cycle limiter
+    bool epoch_complete         = false;
+    double elapsed_s            = 0.0;
+    double throttle_s           = 0.0;  // slept by the duty-cycle limiter
 };
 
 // One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. tokens and labels are
@@ -40,19 +40,19 @@ struct EpochMetrics {
 struct EpochRequest {
     const int32_t * tokens = nullptr;
     const int32_t * labels = nullptr;
-    int64_t n_windows = 0;
-    int64_t width     = 0;
-    int64_t n_train   = 0;
-    std::shared_ptr<const ProgressFn> progress;     // may be empty
+    int64_t n_windows      = 0;
+    int64_t width          = 0;
+    int64_t n_train        = 0;
+    std::shared_ptr<const ProgressFn> progress;        // may be empty
     ggml_opt_epoch_callback epoch_callback = nullptr;  // the caller's own C callback, may be null
-    double duty_cycle = 1.0;
+    double duty_cycle                      = 1.0;
 };
 
 class Trainer {
 public:
     Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation);
     ~Trainer();
-    Trainer(const Trainer &) = delete;
+    Trainer(const Trainer &)             = delete;
     Trainer & operator=(const Trainer &) = delete;
 
     EpochMetrics epoch(const EpochRequest & request);
@@ -67,7 +67,7 @@ public:
     int64_t iteration();        // optimizer iteration cursor (1 + steps applied)
     int32_t period_position();  // micro-batches into the current accumulation period
     bool poisoned();
-    int64_t stop_requests();    // counted by the fork's llama_opt_request_stop
+    int64_t stop_requests();  // counted by the fork's llama_opt_request_stop
     const std::shared_ptr<Context> & context() const { return context_; }
 
     // optimizer state of a weight, nullptr where there is none (yet): the gradient accumulator

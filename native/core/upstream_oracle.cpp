@@ -21,7 +21,7 @@ struct ResultDeleter {
 
 void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     llama_context * lctx = ctx();
-    const int64_t n_ctx = llama_n_ctx(lctx);
+    const int64_t n_ctx  = llama_n_ctx(lctx);
     if (!r.tokens || !r.labels || r.width != n_ctx || r.n_windows < 1 || r.n_train < 0 || r.n_train > r.n_windows) {
         throw std::invalid_argument("upstream's loop takes windows of exactly n_ctx tokens");
     }
@@ -29,7 +29,7 @@ void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
         throw training_error(LLAMA_OPT_STATUS_POISONED);
     }
     std::unique_ptr<ggml_opt_dataset, DatasetDeleter> dataset(
-        ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, n_ctx, n_ctx, r.n_windows, /*ndata_shard =*/ 1));
+            ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, n_ctx, n_ctx, r.n_windows, /*ndata_shard =*/1));
     const size_t bytes = sizeof(int32_t) * (size_t) (r.n_windows * n_ctx);
     std::memcpy(ggml_opt_dataset_data(dataset.get())->data, r.tokens, bytes);
     std::memcpy(ggml_opt_dataset_labels(dataset.get())->data, r.labels, bytes);
@@ -38,8 +38,8 @@ void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     clear_recent_errors();
     llama_opt_epoch(lctx, dataset.get(), train.get(), eval.get(), r.n_train, nullptr, nullptr);
     llama_memory_clear(llama_get_memory(lctx), true);
-    context_->n_past = 0;
-    m = EpochMetrics{};
+    context_->n_past  = 0;
+    m                 = EpochMetrics{};
     m.optimizer_steps = iteration() - iter0;
     ggml_opt_result_loss(train.get(), &m.train_loss, &m.train_loss_unc);
     ggml_opt_result_accuracy(train.get(), &m.train_accuracy, nullptr);

@@ -41,7 +41,9 @@ class TinyLlamaSpec:
 @cache
 def _byte_symbols() -> list[str]:
     """GPT-2's reversible byte -> printable unicode mapping, indexed by byte value."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table: dict[int, str] = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):

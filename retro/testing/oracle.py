@@ -20,7 +20,9 @@ def upstream_epoch(trainer: Trainer, dataset: TokenDataset, *, val_fraction: flo
     n_train = trainer._split(dataset, val_fraction)
     n_ctx, n_ctx_train = trainer.context.n_ctx, trainer.context.model.n_ctx_train
     if dataset.width != n_ctx or n_ctx != n_ctx_train:
-        raise ValueError(f"upstream's loop needs windows of n_ctx ({n_ctx}) == the model's n_ctx_train "
-                         f"({n_ctx_train}) tokens, got {dataset.width}")
+        raise ValueError(
+            f"upstream's loop needs windows of n_ctx ({n_ctx}) == the model's n_ctx_train "
+            f"({n_ctx_train}) tokens, got {dataset.width}"
+        )
     m = trainer._h.upstream_epoch(dataset.tokens, dataset.labels, n_train)
     return EpochMetrics._from_native(m)

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
 WORKLOAD = r"""
@@ -33,8 +32,12 @@ with retro.Model.load(path, devices=[], trainable=True) as m, retro.Context(m, n
         print(json.dumps({"s_per_micro_batch": (time.perf_counter() - t) / n}))
 """
 
-LAYOUTS = [("1 process x 2 threads", 1, 2), ("2 processes x 2 threads", 2, 2), ("2 processes x 1 thread", 2, 1),
-           ("1 process x 4 threads", 1, 4)]
+LAYOUTS = [
+    ("1 process x 2 threads", 1, 2),
+    ("2 processes x 2 threads", 2, 2),
+    ("2 processes x 1 thread", 2, 1),
+    ("1 process x 4 threads", 1, 4),
+]
 
 
 def env_for(site: str) -> tuple[list[str], dict]:
@@ -46,8 +49,10 @@ def env_for(site: str) -> tuple[list[str], dict]:
 
 def run_layout(site: str, model: Path, procs: int, threads: int) -> float:
     exe, env = env_for(site)
-    ps = [subprocess.Popen([*exe, "-c", WORKLOAD, str(model), str(threads)], env=env, stdout=subprocess.PIPE, text=True)
-          for _ in range(procs)]
+    ps = [
+        subprocess.Popen([*exe, "-c", WORKLOAD, str(model), str(threads)], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(procs)
+    ]
     outs = [p.communicate()[0] for p in ps]
     if any(p.returncode for p in ps):
         raise RuntimeError(f"workload failed for {site or 'installed'}")
@@ -69,9 +74,15 @@ def main() -> int:
             for layout, procs, threads in LAYOUTS:
                 for name, site in variants.items():
                     times[(name, layout)].append(run_layout(site, model, procs, threads))
-                    print(f"  {name:10} {layout:26} {times[(name, layout)][-1] * 1e3:9.2f} ms", file=sys.stderr, flush=True)
+                    print(
+                        f"  {name:10} {layout:26} {times[(name, layout)][-1] * 1e3:9.2f} ms",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     names = list(variants)
-    print(f"cores: {len(os.sched_getaffinity(0))}; median ms per micro-batch (64 tokens, AdamW) over {args.repeats} runs")
+    print(
+        f"cores: {len(os.sched_getaffinity(0))}; median ms per micro-batch (64 tokens, AdamW) over {args.repeats} runs"
+    )
     print("| layout | " + " | ".join(names) + (f" | {names[1]}/{names[0]} |" if len(names) == 2 else " |"))
     print("|---|" + "---|" * (len(names) + (len(names) == 2)))
     for layout, _, _ in LAYOUTS:
