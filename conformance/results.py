@@ -105,6 +105,9 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
     if unable:
         return "not covered", "check(s) that caught no seeded defect: " + ", ".join(unable)
     how = "; ".join(f"{d} by {c['id']}" for d, c in caught.items())
+    missing = registry.clauses()[clause].unimplemented
+    if missing:
+        return "not covered", f"passes where implemented ({how}); not implemented: {missing}"
     return "pass", f"{len(passed)} check run(s) passed; defects caught: {how}"
 
 

@@ -31,8 +31,10 @@ def load(backend: Backend, path: Path, *, trainable: bool = True) -> retro.Model
     )
 
 
-def context(model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256) -> retro.Context:
-    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch)
+def context(
+    model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256, n_threads: int | None = None
+) -> retro.Context:
+    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=n_threads)
 
 
 def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenDataset:

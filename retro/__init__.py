@@ -21,7 +21,7 @@ from .datasets import TokenDataset
 from .devices import Device, devices
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
-from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Trainer
+from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Schedule, Trainer
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "EpochMetrics",
     "Model",
     "Progress",
+    "Schedule",
     "TokenDataset",
     "Trainer",
     "build_info",

@@ -59,6 +59,8 @@ class Progress(NamedTuple):
 
 
 ProgressCallback = Callable[[Progress], "bool | None"]
+#: schedule(step, horizon) -> the learning rate of optimizer step `step` (0-based) of `horizon`
+Schedule = Callable[[int, int], float]
 
 #: ctypes type of a C-level epoch callback with upstream ggml's signature (ggml_opt_epoch_callback):
 #: (train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us) -> void. It is called after
@@ -126,12 +128,25 @@ class Trainer(NativeHandle):
 
     ``duty_cycle`` < 1 throttles training to that share of wall time: after each micro-batch the
     limiter owes ``compute_time * (1 - duty) / duty`` of sleep, paid before the next compute and
-    dropped, not slept, when the call returns."""
+    dropped, not slept, when the call returns.
+
+    ``schedule(step, horizon) -> lr`` replaces the optimizer's fixed learning rate: it is asked for
+    the rate of each optimizer step (0-based, of ``horizon`` planned steps) just before the
+    micro-batch that takes it, and ggml's optimizer-parameter callback hands that rate out. A
+    schedule that raises, or returns a rate that is not finite and > 0, cancels the call before
+    that step (as a progress callback that raises does) and its exception is re-raised."""
 
     _h: _native.Trainer
 
     def __init__(
-        self, context: Context, *, optimizer: AdamW | SGD | None = None, accumulation: int = 1, duty_cycle: float = 1.0
+        self,
+        context: Context,
+        *,
+        optimizer: AdamW | SGD | None = None,
+        accumulation: int = 1,
+        duty_cycle: float = 1.0,
+        schedule: Schedule | None = None,
+        horizon: int | None = None,
     ) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
@@ -141,6 +156,11 @@ class Trainer(NativeHandle):
         settings = optimizer._settings()
         accumulation = _checks.integer("accumulation", accumulation, minimum=1)
         self.duty_cycle = _checks.real("duty_cycle", duty_cycle, low=0.0, high=1.0, low_open=True)
+        if schedule is not None and not callable(schedule):
+            raise TypeError("schedule must be callable: schedule(step, horizon) -> learning rate")
+        if (schedule is None) != (horizon is None):
+            raise ValueError("a schedule and its horizon (the planned optimizer steps) come together")
+        steps = None if horizon is None else _checks.integer("horizon", horizon, minimum=1, maximum=_checks.INT64_MAX)
         if context.closed:
             raise ValueError("the context is closed")
         if not context.model.trainable:
@@ -155,6 +175,9 @@ class Trainer(NativeHandle):
         self.optimizer = optimizer
         self.accumulation = accumulation
         self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
+        self.schedule, self.horizon = schedule, steps
+        if schedule is not None and steps is not None:
+            self._h.set_schedule(_wrap_schedule(schedule), steps)
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -297,6 +320,16 @@ class Trainer(NativeHandle):
         address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0
         m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress, address, self.duty_cycle)
         return EpochMetrics._from_native(m)
+
+
+def _wrap_schedule(schedule: Schedule) -> Callable[[int, int], float]:
+    def call(step: int, horizon: int) -> float:
+        lr = schedule(step, horizon)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+            raise TypeError(f"the schedule must return a number, not {type(lr).__name__}")
+        return float(lr)
+
+    return call
 
 
 def _wrap_progress(progress: ProgressCallback) -> Callable[[bool, int, int], bool]:

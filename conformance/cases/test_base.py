@@ -148,10 +148,10 @@ def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, t
 
 @pytest.mark.clause("BASE-03")
 def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, seed):
-    """After one AdamW step from zero moments, the moments and parameters read back satisfy the
-    AdamW update exactly as ggml computes it: m = (1-b1) g, v = (1-b2) g^2,
-    w1 = w0 - lr * (m / (1 - b1)) / (sqrt(v / (1 - b2)) + eps)."""
-    opt = retro.AdamW(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+    """After one AdamW step from zero moments, with none of the options at its default, the
+    moments and parameters read back satisfy the AdamW update as ggml computes it (numpy):
+    m = (1-b1) g, v = (1-b2) g^2, w1 = w0 (1 - lr wd) - lr (m / (1 - b1)) / (sqrt(v / (1 - b2)) + eps)."""
+    opt = retro.AdamW(lr=2e-3, beta1=0.8, beta2=0.95, eps=1e-4, weight_decay=0.25)
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         ds = support.windows(1, 256, model.n_vocab, seed + 3)
         w0 = model.parameters()
@@ -176,5 +176,6 @@ def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, s
             g = m / (1 - opt.beta1)
             np.testing.assert_allclose(v, (1 - opt.beta2) * g * g, rtol=1e-4, atol=1e-30, err_msg=f"{name}: v vs m")
             step = opt.lr * (m / (1 - opt.beta1)) / (np.sqrt(v / (1 - opt.beta2)) + opt.eps)
-            np.testing.assert_allclose(w1[name], w0[name] - step, rtol=0, atol=1e-6, err_msg=f"{name}: w1 vs w0 - step")
+            decayed = w0[name] * (1 - opt.lr * opt.weight_decay)
+            np.testing.assert_allclose(w1[name], decayed - step, rtol=0, atol=1e-6, err_msg=f"{name}: w1 vs w0 - step")
             assert np.any(m != 0), f"{name}: all-zero first moment after a step"

@@ -275,3 +275,110 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
                 outer_calls == inner_calls == [],
                 f"{exit_kind}: a call without progress reached {outer_calls or inner_calls}",
             )
+
+
+@pytest.mark.clause("HARNESS-04")
+def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backend, model_path, seed):
+    """The progress callback raises at each of its invocations (train and evaluation), and the
+    learning-rate schedule (ggml's optimizer-parameter callback) at each of its: every time the
+    call stops before any further compute, re-raises that exception unchanged, keeps the steps
+    completed before it, and the trainer's next call completes."""
+
+    class Boom(Exception):
+        pass
+
+    n_train = WINDOWS_TRAIN * PER_WINDOW
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
+        ds = support.windows(WINDOWS_TRAIN + 1, 256, model.n_vocab, seed + 16)
+        frac = 1 / (WINDOWS_TRAIN + 1)
+        invocations = n_train + PER_WINDOW
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+            for k in range(1, invocations + 1):
+                calls = 0
+
+                def progress(p: retro.Progress) -> bool:
+                    nonlocal calls
+                    calls += 1
+                    if calls == k:
+                        raise Boom(k)
+                    return True
+
+                fi.reset()
+                with bound("HARNESS-04"), pytest.raises(Boom):
+                    tr.epoch(ds, val_fraction=frac, progress=progress)
+                expect("HARNESS-04", fi.hits("compute") == k, f"progress raised at {k}: {fi.hits('compute')} computes")
+            expect("HARNESS-04", tr.epoch(ds).epoch_complete, "the trainer did not recover")
+        steps = n_train // 2
+        for k in range(1, steps + 1):
+            asked: list[int] = []
+
+            def schedule(step: int, horizon: int) -> float:
+                asked.append(step)
+                if len(asked) == k:
+                    raise Boom(k)
+                return 0.01 * (1 - step / horizon)
+
+            with retro.Trainer(
+                ctx, optimizer=retro.SGD(lr=0.01), accumulation=2, schedule=schedule, horizon=steps
+            ) as tr:
+                fi.reset()
+                with bound("HARNESS-04"), pytest.raises(Boom):
+                    tr.epoch(ds)
+                expect(
+                    "HARNESS-04",
+                    (tr.iteration, fi.hits("compute")) == (k, 2 * k - 1),
+                    f"schedule raised at step {k - 1}: iteration {tr.iteration}, {fi.hits('compute')} computes",
+                )
+                expect("HARNESS-04", tr.period_position == 0, "the period of the refused step survived")
+
+
+@pytest.mark.clause("CANCEL-08")
+def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, model_path, seed):
+    """Two trainers train at once on two threads (the GIL is released while they compute); each
+    progress callback sees exactly its own call's micro-batches, and a cancel on one thread stops
+    that call alone."""
+    import threading
+
+    n_windows = 4
+    n_train = n_windows * PER_WINDOW
+    with (
+        support.load(backend, model_path) as m_a,
+        support.context(m_a, n_ubatch=UBATCH, n_threads=1) as c_a,
+        support.load(backend, model_path) as m_b,
+        support.context(m_b, n_ubatch=UBATCH, n_threads=1) as c_b,
+    ):
+        ds = support.windows(n_windows, 256, m_a.n_vocab, seed + 17)
+        start = threading.Barrier(2)
+        seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+        metrics: dict[str, retro.EpochMetrics] = {}
+        errors: list[BaseException] = []
+        cancel_at = {"a": n_train, "b": 5}
+
+        def run(name: str, ctx: retro.Context) -> None:
+            me = threading.get_ident()
+
+            def progress(p: retro.Progress) -> bool:
+                seen[name].append((p.done, threading.get_ident() == me))
+                return p.done != cancel_at[name]
+
+            try:
+                with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+                    start.wait()
+                    metrics[name] = tr.epoch(ds, progress=progress)
+            except BaseException as err:  # noqa: BLE001 - reported below, on the checking thread
+                errors.append(err)
+
+        threads = [threading.Thread(target=run, args=("a", c_a)), threading.Thread(target=run, args=("b", c_b))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=300)
+        expect("CANCEL-08", not errors, f"a training thread raised {errors[:1]}")
+        for name in ("a", "b"):
+            want = [(k, True) for k in range(1, cancel_at[name] + 1)]
+            expect("CANCEL-08", seen[name] == want, f"thread {name}'s progress saw {seen[name]}")
+            expect(
+                "CANCEL-08",
+                name in metrics and metrics[name].train_micro_batches == cancel_at[name],
+                f"thread {name} ran {metrics[name].train_micro_batches if name in metrics else None} micro-batches",
+            )

@@ -27,9 +27,12 @@ SITES = {**{s: v[1:] for s, v in BEFORE_COMPUTE.items()}, "compute": (retro.Comp
 assert set(SITES) == set(fi.SITES), "a fault site of the fork has no failure check"
 
 
+def _optimizer(name: str) -> retro.SGD | retro.AdamW:
+    return retro.SGD(lr=0.05) if name == "sgd" else retro.AdamW(lr=2e-3)
+
+
 def _trainer(ctx: retro.Context, accumulation: int = 1, optimizer: str = "sgd") -> retro.Trainer:
-    opt = retro.SGD(lr=0.05) if optimizer == "sgd" else retro.AdamW(lr=2e-3)
-    return retro.Trainer(ctx, optimizer=opt, accumulation=accumulation)
+    return retro.Trainer(ctx, optimizer=_optimizer(optimizer), accumulation=accumulation)
 
 
 @pytest.mark.clause("FAIL-01")
@@ -58,15 +61,24 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
     [("alloc", "sgd", 1), ("compute", "sgd", 1), ("graph_build", "adamw", 2), ("compute", "adamw", 2)],
 )
 def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_path, seed, site, optimizer, accumulation):
-    """Failing micro-batch k: the progress callback saw only 1..k-1, and the optimizer iteration
-    is the one the last completed step left."""
+    """Failing micro-batch k: the progress callback saw only 1..k-1, the optimizer iteration is the
+    one the last completed step left, and (after a before-compute failure) the next call asks the
+    learning-rate schedule for the failed step again."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(2, 256, probe.n_vocab, seed + 21)
     for k in (1, 3, 8):
+        asked: list[int] = []
+
+        def schedule(step: int, horizon: int) -> float:
+            asked.append(step)
+            return 0.05 if optimizer == "sgd" else 2e-3
+
         with (
             support.load(backend, model_path) as model,
             support.context(model, n_ubatch=64) as ctx,
-            _trainer(ctx, accumulation, optimizer) as tr,
+            retro.Trainer(
+                ctx, optimizer=_optimizer(optimizer), accumulation=accumulation, schedule=schedule, horizon=100
+            ) as tr,
         ):
             seen: list[int] = []
 
@@ -85,6 +97,15 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_pat
                 tr.iteration == 1 + completed_steps,
                 f"{site} at {k}: cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}",
             )
+            if site != "compute":  # a compute failure poisons the trainer: no next call
+                fi.reset()
+                asked.clear()
+                tr.epoch(ds)
+                expect(
+                    "FAIL-03",
+                    asked[:1] == [completed_steps],
+                    f"{site} at {k}: the next call asked the schedule for steps {asked[:2]}, not {completed_steps}",
+                )
 
 
 def _check_state_dropped(backend, model_path, seed, site):

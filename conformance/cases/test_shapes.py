@@ -100,10 +100,19 @@ def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, mode
             ("gpu_layers", lambda: retro.Model.load(model_path, devices=[], gpu_layers=INT64_MAX)),
             ("window width", lambda: retro.TokenDataset.from_tokens(np.arange(10), width=2**32 + 4)),
             ("token id", lambda: retro.TokenDataset.from_tokens(np.full(10, 2**32 + 5, np.int64), width=4)),
+            # exactly one past the limits
+            ("n_ctx = INT32_MAX + 1", lambda: retro.Context(model, n_ctx=INT32_MAX + 1)),
+            ("n_ubatch = INT32_MAX + 1", lambda: retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=INT32_MAX + 1)),
+            (
+                "token id = INT32_MAX + 1",
+                lambda: retro.TokenDataset.from_tokens(np.full(10, INT32_MAX + 1, np.int64), width=4),
+            ),
+            ("gpu_layers = INT32_MAX + 1", lambda: retro.Model.load(model_path, devices=[], gpu_layers=INT32_MAX + 1)),
         ]
         with support.context(model, n_ubatch=64) as ctx:
             past += [
                 ("decode token id", lambda: ctx.decode(np.array([2**32 + 5], dtype=np.int64))),
+                ("schedule horizon", lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3, horizon=INT64_MAX + 1)),
                 ("accumulation", lambda: retro.Trainer(ctx, accumulation=2**32 + 1)),
             ]
             for what, call in past:

@@ -42,6 +42,22 @@ std::shared_ptr<const ProgressFn> progress_of(const py::object & progress) {
     });
 }
 
+// A Python schedule as the core's ScheduleFn, called with the GIL taken; the object is released
+// under the GIL whichever thread drops the last reference.
+std::shared_ptr<const ScheduleFn> schedule_of(const py::object & schedule) {
+    if (schedule.is_none()) {
+        return nullptr;
+    }
+    std::shared_ptr<py::object> held(new py::object(schedule), [](py::object * o) {
+        py::gil_scoped_acquire acquire;
+        delete o;
+    });
+    return std::make_shared<const ScheduleFn>([held](int64_t step, int64_t horizon) {
+        py::gil_scoped_acquire acquire;
+        return (*held)(step, horizon).cast<float>();
+    });
+}
+
 EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train,
                    const py::object & progress, uintptr_t epoch_callback, double duty_cycle) {
     EpochRequest r   = request_of(tokens, labels, n_train, duty_cycle);
@@ -111,6 +127,10 @@ void bind_trainer(py::module_ & m) {
             .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
                  py::arg("epoch_callback"), py::arg("duty_cycle"))
             .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
+        .def(
+            "set_schedule",
+            [](Trainer & t, const py::object & schedule, int64_t horizon) { t.set_schedule(schedule_of(schedule), horizon); },
+            py::arg("schedule"), py::arg("horizon"))
             .def(
                     "micro_batch",
                     [](Trainer & t, const Int32Array & tokens, const Int32Array & labels, int32_t pos0, bool train) {

@@ -116,6 +116,13 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 if (defect(RETRO_DEFECT_CANCEL_03)) {
                     before_micro_batch.take(model);
                 }
+                // a micro-batch that closes a period takes an optimizer step: its scheduled rate is
+                // asked for first, so that a schedule that raises stops the call before the step
+                if (train && schedule_ && ggml_opt_period_pos(opt) == ggml_opt_period(opt) - 1 &&
+                        !schedule_next_step(scope)) {
+                    stopped = true;
+                    break;
+                }
                 const int64_t off    = w * r.width + k * n_ubatch;
                 const auto t_mb      = Clock::now();
                 const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,

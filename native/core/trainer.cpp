@@ -4,7 +4,9 @@
 #include "tensor_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace retro {
 
@@ -76,6 +78,37 @@ ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
         p.sgd.alpha *= drift;
     }
     return p;
+}
+
+void Trainer::set_schedule(std::shared_ptr<const ScheduleFn> schedule, int64_t horizon) {
+    if (schedule && horizon < 1) {
+        throw std::invalid_argument("a schedule needs a horizon of at least one step");
+    }
+    schedule_ = std::move(schedule);
+    horizon_  = horizon;
+    step_lr_  = opt_.lr;
+}
+
+bool Trainer::schedule_next_step(ProgressScope & scope) {
+    const int64_t step = ggml_opt_get_iter(opt()) - 1;
+    float lr           = 0.0f;
+    try {
+        lr = (*schedule_)(step, horizon_);
+        if (!(lr > 0.0f) || !std::isfinite(lr)) {
+            throw std::invalid_argument("the schedule returned " + std::to_string(lr) + " for step " +
+                                        std::to_string(step) + "; a learning rate is finite and > 0");
+        }
+    } catch (...) {
+        if (defects_(RETRO_DEFECT_HARNESS_04)) {
+            return true;  // seeded defect: the schedule's exception is swallowed, the last rate reused
+        }
+        if (!scope.error) {
+            scope.error = std::current_exception();
+        }
+        return false;
+    }
+    step_lr_ = lr;
+    return true;
 }
 
 int64_t Trainer::iteration() {

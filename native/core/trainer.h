@@ -7,6 +7,7 @@
 #include "handles.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,10 @@ struct EpochRequest {
     double duty_cycle                      = 1.0;
 };
 
+// schedule(step, horizon) -> the learning rate of optimizer step `step` (0-based) of `horizon`;
+// may throw (the exception cancels the call before that step and is re-thrown when it returns)
+using ScheduleFn = std::function<float(int64_t step, int64_t horizon)>;
+
 class Trainer {
 public:
     Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation);
@@ -61,6 +66,9 @@ public:
     // one micro-batch of the fork's step, nothing around it (the KV cache keeps what the step
     // left): a probe of the state a failed step leaves, before epoch() tidies up on its way out
     void micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train);
+
+    // a learning-rate schedule replaces the optimizer's fixed rate (empty: the fixed rate)
+    void set_schedule(std::shared_ptr<const ScheduleFn> schedule, int64_t horizon);
 
     void close();
     bool closed() const { return !context_; }
@@ -83,10 +91,16 @@ private:
     ggml_opt_context_t opt() const { return llama_opt_get_context(ctx()); }
     static ggml_opt_optimizer_params optimizer_params(void * self);
 
+    // the rate of the step the next micro-batch completes, from the schedule; false if it raised
+    bool schedule_next_step(ProgressScope & scope);
+
     std::shared_ptr<Context> context_;
     OptimizerSettings opt_;
     int32_t accumulation_;
-    Defects defects_;  // the snapshot of the call in progress
+    std::shared_ptr<const ScheduleFn> schedule_;
+    int64_t horizon_ = 0;
+    float step_lr_   = 0.0f;  // the scheduled rate ggml's optimizer-parameter callback hands out
+    Defects defects_;         // the snapshot of the call in progress
 };
 
 }  // namespace retro
