@@ -79,6 +79,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
         log.unlink(missing_ok=True)
         cmd = [
             sys.executable,
+            # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its children so
+            *(["-S"] if sys.flags.no_site else []),
             "-m",
             "pytest",
             str(args.cases),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import retro
@@ -46,3 +47,19 @@ def test_the_sites_are_the_forks_table_and_each_counts_its_hits(model_path):
             with pytest.raises(retro.GraphBuildError, match="failed to build the training graph"):
                 tr.epoch(dataset(1))
             assert fi.failures("graph_build") == 1 and tr.iteration == 6  # 4 + the first micro-batch's step
+
+
+def test_a_compute_fault_fails_real_work_and_leaves_the_parameters_partly_written(model_path):
+    """The compute site runs the graph up to the middle one of its optimizer updates and stops:
+    some weights have taken the step, others have not, and the trainer is poisoned."""
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=256) as c:
+        with retro.Trainer(c, optimizer=retro.SGD(lr=0.1)) as tr:
+            before = m.parameters()
+            fi.arm("compute", 1)
+            with pytest.raises(retro.ComputeError):
+                tr.epoch(dataset(1))
+            after = m.parameters()
+            trained = [n for n in before if n != "token_embd.weight"]
+            moved = [n for n in trained if not np.array_equal(before[n], after[n])]
+            assert 0 < len(moved) < len(trained), f"{len(moved)} of {len(trained)} weights moved"
+            assert tr.poisoned

@@ -1,0 +1,261 @@
+"""Independent mutation score of the certification: mutate retro's native loop and the code the
+patch series adds to llama.cpp with an off-the-shelf tool (universalmutator), rebuild each mutant
+incrementally, certify the covered clauses against it, and report the mutants the certification
+let through.
+
+    python tests/mutation/run.py                 # the full sample (see --sample), figures to README
+    python tests/mutation/run.py --sample 3      # what CI runs: a small fixed sample
+
+A mutant is killed when the certification does not certify it (a failed check, a crash or a hang);
+it survives when the certification still says certified; a mutant that does not compile is
+invalid and not counted. Known-equivalent mutants (tests/mutation/equivalent.toml, each with its
+reason) are reported apart and not counted. The seeded-defect switches are never mutated: they are
+off in a certification's intact runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# mutants are written into a copy of the tracked files, never into the working tree
+SOURCE = REPO / "build" / "mutation-src"
+BUILD = REPO / "build" / "mutation"
+PREPARED = BUILD / "llama.cpp"  # the patched llama.cpp tree of this build folder
+COVERED = "BASE,CANCEL,SHAPE,FAIL-01,FAIL-02,FAIL-03,FAIL-04,FAIL-04a,FAIL-04b,FAIL-04c,FAIL-04d,FAIL-04e,FAIL-05,FAIL-06,FAIL-07,FAIL-08"
+# retro's own loop, and the files of the fork whose patched lines are mutated
+OWN = [
+    "native/core/epoch.cpp",
+    "native/core/trainer.cpp",
+    "native/core/callback_scope.cpp",
+    "native/core/errors.cpp",
+    "native/core/tensor_io.cpp",
+]
+FORK = ["ggml/src/ggml-opt.cpp", "src/llama-context.cpp"]
+SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|throw |static_assert")
+
+
+@dataclass
+class Mutant:
+    file: str  # repo-relative, or llama.cpp/<path> for the fork
+    line: int
+    original: str
+    mutated: str
+    path: str  # the mutant file universalmutator wrote
+    outcome: str = ""  # killed | survived | invalid | equivalent
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def site_env(site: Path) -> dict[str, str]:
+    """An environment whose interpreter (run with -S) sees the mutant build and not an editable
+    install of retro: the build first, then this interpreter's own library folders."""
+    paths = [str(site), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), PYTHONNOUSERSITE="1")
+
+
+def sync_source() -> None:
+    """SOURCE holds the tracked files as the working tree has them; unchanged files keep their
+    times, so the build stays incremental."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        src, dst = REPO / name, SOURCE / name
+        if src.is_file() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def build(site: Path) -> subprocess.CompletedProcess[str]:
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--disable-pip-version-check"]
+    return sh([*pip, "--upgrade", "--target", str(site), f"-Cbuild-dir={BUILD}", str(SOURCE)])
+
+
+def certify(site: Path, out: Path, timeout: float) -> int:
+    run = sh(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "retro.conformance.cli",
+            "certify",
+            "--clauses",
+            COVERED,
+            "--out",
+            str(out),
+            "--case-timeout",
+            str(timeout),
+        ],
+        env=site_env(site),
+        cwd=out.parent,
+    )
+    return run.returncode
+
+
+def patched_lines(rel: str) -> list[int]:
+    """Line numbers, in the patched file, of the lines the patch series added to it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "llama"
+        empty = Path(tmp) / "none"
+        empty.mkdir()
+        prep = [
+            sys.executable,
+            str(SOURCE / "vendor" / "prepare_llama_cpp.py"),
+            "--dest",
+            str(tree),
+            "--patches",
+            str(empty),
+            "--backends",
+            "cpu",
+            "--info",
+            str(Path(tmp) / "info.json"),
+        ]
+        subprocess.run(prep, check=True, capture_output=True)
+        pristine = (tree / rel).read_text(encoding="utf-8").splitlines(keepends=True)
+        (Path(tmp) / "a").write_text("".join(pristine), encoding="utf-8")
+        diff = sh(["diff", "-U0", str(Path(tmp) / "a"), str(PREPARED / rel)]).stdout
+    added: list[int] = []
+    for m in re.finditer(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", diff, re.M):
+        start, count = int(m[1]), int(m[2] or 1)
+        added += range(start, start + count)
+    return added
+
+
+def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> list[Mutant]:
+    text = source.read_text(encoding="utf-8").splitlines()
+    keep = [
+        n
+        for n in (lines or range(1, len(text) + 1))
+        if n <= len(text) and text[n - 1].strip() and not SKIP.search(text[n - 1])
+    ]
+    out = workdir / re.sub(r"\W", "_", rel)
+    out.mkdir(parents=True, exist_ok=True)
+    lines_file = out / "lines.txt"
+    lines_file.write_text("\n".join(map(str, keep)), encoding="utf-8")
+    sh(["mutate", str(source), "cpp", "--noCheck", "--mutantDir", str(out), "--lines", str(lines_file)])
+    mutants = []
+    for path in sorted(out.glob("*.mutant.*")):
+        mutated = path.read_text(encoding="utf-8").splitlines()
+        changed = [i for i, (a, b) in enumerate(zip(text, mutated)) if a != b]
+        if len(mutated) == len(text) and len(changed) == 1:
+            i = changed[0]
+            mutants.append(Mutant(rel, i + 1, text[i].strip(), mutated[i].strip(), str(path)))
+    return mutants
+
+
+def equivalents() -> list[dict]:
+    path = Path(__file__).with_name("equivalent.toml")
+    return tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", []) if path.exists() else []
+
+
+def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
+    for e in known:
+        if e["file"] == m.file and e["original"] == m.original and e["mutated"] == m.mutated:
+            return e["reason"]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sample", type=int, default=60, help="mutants to run, drawn with --seed from all generated")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--case-timeout", type=float, default=120.0)
+    ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation-results.json")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="retro-mutation-") as tmp:
+        work = Path(tmp)
+        site = work / "site"
+        sync_source()
+        first = build(site)  # the unmutated build, which also prepares the patched tree
+        if first.returncode != 0:
+            print(first.stdout[-3000:] + first.stderr[-3000:], file=sys.stderr)
+            return 2
+        (work / "baseline").mkdir()
+        if certify(site, work / "baseline" / "out", args.case_timeout) != 0:
+            print("the unmutated build is not certified: nothing to measure", file=sys.stderr)
+            return 2
+        mutants: list[Mutant] = []
+        for rel in OWN:
+            mutants += generate(SOURCE / rel, rel, None, work / "mutants")
+        for rel in FORK:
+            mutants += generate(PREPARED / rel, f"llama.cpp/{rel}", patched_lines(rel), work / "mutants")
+        generated = len(mutants)
+        random.Random(args.seed).shuffle(mutants)
+        sample = sorted(mutants[: args.sample], key=lambda m: (m.file, m.line))
+        known = equivalents()
+        print(f"{generated} mutants generated; running {len(sample)}", flush=True)
+        for n, m in enumerate(sample, 1):
+            reason = known_equivalent(m, known)
+            if reason:
+                m.outcome, m.detail = "equivalent", reason
+                print(f"[{n}/{len(sample)}] {m.file}:{m.line} equivalent ({reason})", flush=True)
+                continue
+            target = (
+                SOURCE / m.file if not m.file.startswith("llama.cpp/") else PREPARED / m.file.removeprefix("llama.cpp/")
+            )
+            original = target.read_bytes()
+            t0 = time.monotonic()
+            try:
+                shutil.copyfile(m.path, target)
+                built = build(site)
+                if built.returncode != 0:
+                    m.outcome, m.detail = "invalid", "does not compile"
+                else:
+                    (work / f"m{n}").mkdir()
+                    rc = certify(site, work / f"m{n}" / "out", args.case_timeout)
+                    m.outcome = "survived" if rc == 0 else "killed"
+                    m.detail = f"certify exit {rc}"
+            finally:
+                target.write_bytes(original)
+            m.seconds = round(time.monotonic() - t0, 1)
+            print(
+                f"[{n}/{len(sample)}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): {m.original!r} -> {m.mutated!r}",
+                flush=True,
+            )
+        build(site)  # leave the build folder as the sources are
+
+    counted = [m for m in sample if m.outcome in ("killed", "survived")]
+    killed = sum(m.outcome == "killed" for m in counted)
+    score = 100.0 * killed / len(counted) if counted else 0.0
+    summary = {
+        "generated": generated,
+        "sampled": len(sample),
+        "seed": args.seed,
+        "killed": killed,
+        "survived": len(counted) - killed,
+        "invalid": sum(m.outcome == "invalid" for m in sample),
+        "equivalent": sum(m.outcome == "equivalent" for m in sample),
+        "score_percent": round(score, 1),
+        "mutants": [asdict(m) for m in sample],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(
+        f"mutation score: {score:.1f} % ({killed} of {len(counted)} non-equivalent, compiling mutants killed; "
+        f"{summary['invalid']} invalid, {summary['equivalent']} equivalent); results in {args.out}"
+    )
+    for m in sample:
+        if m.outcome == "survived":
+            print(f"  survived: {m.file}:{m.line}: {m.original!r} -> {m.mutated!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
