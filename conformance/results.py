@@ -45,7 +45,7 @@ def load_expectations(backend: str, folder: Path | None = None) -> list[Expectat
         path = folder / f"{backend}.toml"
         text = path.read_text(encoding="utf-8") if path.is_file() else ""
     else:
-        res = resources.files("conformance").joinpath("expectations", f"{backend}.toml")
+        res = resources.files(__package__).joinpath("expectations", f"{backend}.toml")
         text = res.read_text(encoding="utf-8") if res.is_file() else ""
     out = []
     for raw in tomllib.loads(text).get("expected", []):

@@ -13,9 +13,9 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 
 import pytest
+from site_view import site_view_env
 
 from conftest import REPO
 
@@ -45,10 +45,7 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     assert (tmp_path / "cache" / "llama_cpp_python-0.3.36.tar.gz").is_file()
 
     # -S: no .pth processing, so an editable install of retro cannot shadow the unpatched build
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]),
-    )
+    env = site_view_env(target, tmp_path / "site-view")
     probe = subprocess.run(
         [sys.executable, "-S", "-c", "import json, retro; print(json.dumps(retro.build_info()))"],
         env=env,

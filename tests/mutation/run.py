@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import tomllib
@@ -31,6 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from site_view import site_view_env  # noqa: E402
+
 # mutants are written into a copy of the tracked files, never into the working tree
 SOURCE = REPO / "build" / "mutation-src"
 BUILD = REPO / "build" / "mutation"
@@ -65,10 +66,8 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def site_env(site: Path) -> dict[str, str]:
-    """An environment whose interpreter (run with -S) sees the mutant build and not an editable
-    install of retro: the build first, then this interpreter's own library folders."""
-    paths = [str(site), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), PYTHONNOUSERSITE="1")
+    """An environment whose interpreter (run with -S) sees the mutant build, not an editable install."""
+    return site_view_env(site, site.parent / "site-view")
 
 
 def sync_source() -> None:
