@@ -59,6 +59,11 @@ class Context(NativeHandle):
         return int(self._h.n_ubatch)
 
     @property
+    def training_ubatch(self) -> int:
+        """Tokens a training micro-batch computes at once: n_ubatch, capped at n_batch and n_ctx."""
+        return int(self._h.training_ubatch)
+
+    @property
     def n_past(self) -> int:
         """Tokens of the current sequence decoded through this binding."""
         return int(self._h.n_past)

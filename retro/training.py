@@ -6,7 +6,7 @@ import _ctypes
 import ctypes
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -103,22 +103,11 @@ class EpochMetrics:
 
     @classmethod
     def _from_native(cls, m: _native.EpochMetrics) -> EpochMetrics:
-        return cls(
-            train_loss=m.train_loss,
-            train_loss_unc=m.train_loss_unc,
-            train_accuracy=m.train_accuracy,
-            eval_loss=m.eval_loss if m.has_eval else None,
-            eval_loss_unc=m.eval_loss_unc if m.has_eval else None,
-            eval_accuracy=m.eval_accuracy if m.has_eval else None,
-            train_micro_batches=m.train_micro_batches,
-            eval_micro_batches=m.eval_micro_batches,
-            optimizer_steps=m.optimizer_steps,
-            logical_tokens=m.logical_tokens,
-            physical_tokens=m.physical_tokens,
-            epoch_complete=m.epoch_complete,
-            elapsed_s=m.elapsed_s,
-            throttle_s=m.throttle_s,
-        )
+        # the fields are native/core/epoch_metrics.def's, by name; eval values exist only with an eval tail
+        values = {f.name: getattr(m, f.name) for f in fields(cls)}
+        if not m.has_eval:
+            values.update(eval_loss=None, eval_loss_unc=None, eval_accuracy=None)
+        return cls(**values)
 
 
 class Trainer(NativeHandle):
@@ -279,7 +268,7 @@ class Trainer(NativeHandle):
         frac = _checks.real("val_fraction", val_fraction, low=0.0, high=1.0)
         if frac >= 1.0:
             raise ValueError("val_fraction must be < 1")
-        n_ctx, n_ubatch = self.context.n_ctx, min(self.context.n_ubatch, self.context.n_batch, self.context.n_ctx)
+        n_ctx, n_ubatch = self.context.n_ctx, self.context.training_ubatch
         width = dataset.width
         if width > n_ctx or width % n_ubatch:
             raise ValueError(

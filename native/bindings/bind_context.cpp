@@ -90,6 +90,8 @@ void bind_context(py::module_ & m) {
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })
             .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
             .def_property_readonly("n_ubatch", [](const Context & self) { return llama_n_ubatch(self.get()); })
+            .def_property_readonly("training_ubatch",
+                                   [](const Context & self) { return training_geometry(self.get()).n_ubatch; })
             .def_readonly("n_past", &Context::n_past)
             .def_property_readonly(
                     "sequence_length",

@@ -104,22 +104,10 @@ void bind_trainer(py::module_ & m) {
             .def_readwrite("eps", &OptimizerSettings::eps)
             .def_readwrite("wd", &OptimizerSettings::wd);
 
-    py::class_<EpochMetrics>(m, "EpochMetrics")
-            .def_readonly("train_loss", &EpochMetrics::train_loss)
-            .def_readonly("train_loss_unc", &EpochMetrics::train_loss_unc)
-            .def_readonly("train_accuracy", &EpochMetrics::train_accuracy)
-            .def_readonly("eval_loss", &EpochMetrics::eval_loss)
-            .def_readonly("eval_loss_unc", &EpochMetrics::eval_loss_unc)
-            .def_readonly("eval_accuracy", &EpochMetrics::eval_accuracy)
-            .def_readonly("has_eval", &EpochMetrics::has_eval)
-            .def_readonly("train_micro_batches", &EpochMetrics::train_micro_batches)
-            .def_readonly("eval_micro_batches", &EpochMetrics::eval_micro_batches)
-            .def_readonly("optimizer_steps", &EpochMetrics::optimizer_steps)
-            .def_readonly("logical_tokens", &EpochMetrics::logical_tokens)
-            .def_readonly("physical_tokens", &EpochMetrics::physical_tokens)
-            .def_readonly("epoch_complete", &EpochMetrics::epoch_complete)
-            .def_readonly("elapsed_s", &EpochMetrics::elapsed_s)
-            .def_readonly("throttle_s", &EpochMetrics::throttle_s);
+    py::class_<EpochMetrics> metrics(m, "EpochMetrics");
+#define X(type, name, init) metrics.def_readonly(#name, &EpochMetrics::name);
+#include "epoch_metrics.def"
+#undef X
 
     py::class_<Trainer>(m, "Trainer")
             .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(), py::arg("context"),
@@ -127,10 +115,12 @@ void bind_trainer(py::module_ & m) {
             .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
                  py::arg("epoch_callback"), py::arg("duty_cycle"))
             .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
-        .def(
-            "set_schedule",
-            [](Trainer & t, const py::object & schedule, int64_t horizon) { t.set_schedule(schedule_of(schedule), horizon); },
-            py::arg("schedule"), py::arg("horizon"))
+            .def(
+                    "set_schedule",
+                    [](Trainer & t, const py::object & schedule, int64_t horizon) {
+                        t.set_schedule(schedule_of(schedule), horizon);
+                    },
+                    py::arg("schedule"), py::arg("horizon"))
             .def(
                     "micro_batch",
                     [](Trainer & t, const Int32Array & tokens, const Int32Array & labels, int32_t pos0, bool train) {

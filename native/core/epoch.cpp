@@ -58,10 +58,11 @@ void check_request(const EpochRequest & r, int64_t n_ctx, int64_t n_ubatch) {
 }  // namespace
 
 EpochMetrics Trainer::epoch(const EpochRequest & r) {
-    llama_context * lctx   = ctx();
-    ggml_opt_context_t opt = llama_opt_get_context(lctx);
-    const int64_t n_ctx    = llama_n_ctx(lctx);
-    const int64_t n_ubatch = std::min<int64_t>(llama_n_ubatch(lctx), std::min<int64_t>(llama_n_batch(lctx), n_ctx));
+    llama_context * lctx            = ctx();
+    ggml_opt_context_t opt          = llama_opt_get_context(lctx);
+    const TrainingGeometry geometry = training_geometry(lctx);
+    const int64_t n_ctx             = geometry.n_ctx;
+    const int64_t n_ubatch          = geometry.n_ubatch;
     check_request(r, n_ctx, n_ubatch);
     if (ggml_opt_backend_failed(opt)) {
         throw training_error(LLAMA_OPT_STATUS_POISONED);
@@ -119,7 +120,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 // a micro-batch that closes a period takes an optimizer step: its scheduled rate is
                 // asked for first, so that a schedule that raises stops the call before the step
                 if (train && schedule_ && ggml_opt_period_pos(opt) == ggml_opt_period(opt) - 1 &&
-                        !schedule_next_step(scope)) {
+                    !schedule_next_step(scope)) {
                     stopped = true;
                     break;
                 }

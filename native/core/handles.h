@@ -6,6 +6,7 @@
 #include "errors.h"
 #include "llama.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,5 +61,16 @@ struct Context {
         return ctx;
     }
 };
+
+// The geometry a training step sees: llama.cpp caps n_batch at n_ctx and n_ubatch at n_batch.
+struct TrainingGeometry {
+    uint32_t n_ctx, n_batch, n_ubatch;
+};
+
+inline TrainingGeometry training_geometry(const llama_context * ctx) {
+    const uint32_t n_ctx   = llama_n_ctx(ctx);
+    const uint32_t n_batch = std::min(llama_n_batch(ctx), n_ctx);
+    return {n_ctx, n_batch, std::min(llama_n_ubatch(ctx), n_batch)};
+}
 
 }  // namespace retro

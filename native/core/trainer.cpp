@@ -20,10 +20,8 @@ Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt
         throw Error(ErrorKind::InvalidState, "the model was not loaded with trainable=True");
     }
     // llama_opt_init asserts these; the Python layer checks them first, this keeps asserts unreachable
-    const uint32_t n_ctx    = llama_n_ctx(lctx);
-    const uint32_t n_batch  = std::min(llama_n_batch(lctx), n_ctx);
-    const uint32_t n_ubatch = std::min(llama_n_ubatch(lctx), n_batch);
-    if (accumulation < 1 || n_ctx % n_batch != 0 || n_batch % n_ubatch != 0) {
+    const TrainingGeometry g = training_geometry(lctx);
+    if (accumulation < 1 || g.n_ctx % g.n_batch != 0 || g.n_batch % g.n_ubatch != 0) {
         throw std::invalid_argument("training needs n_ctx % n_batch == 0, n_batch % n_ubatch == 0, accumulation >= 1");
     }
     llama_opt_params params{};

@@ -23,17 +23,9 @@ struct OptimizerSettings {
 };
 
 struct EpochMetrics {
-    double train_loss = 0.0, train_loss_unc = 0.0, train_accuracy = 0.0;
-    double eval_loss = 0.0, eval_loss_unc = 0.0, eval_accuracy = 0.0;
-    bool has_eval               = false;
-    int64_t train_micro_batches = 0;
-    int64_t eval_micro_batches  = 0;
-    int64_t optimizer_steps     = 0;
-    int64_t logical_tokens      = 0;
-    int64_t physical_tokens     = 0;
-    bool epoch_complete         = false;
-    double elapsed_s            = 0.0;
-    double throttle_s           = 0.0;  // slept by the duty-cycle limiter
+#define X(type, name, init) type name = init;
+#include "epoch_metrics.def"
+#undef X
 };
 
 // One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. tokens and labels are

@@ -19,7 +19,7 @@ def micro_batch(trainer: Trainer, tokens: np.ndarray, labels: np.ndarray, *, pos
     n_vocab = trainer.context.model.n_vocab
     tok = _checks.token_array("tokens", tokens, n_vocab, ndim=1)
     lab = _checks.token_array("labels", labels, n_vocab, ndim=1)
-    n_ubatch = min(trainer.context.n_ubatch, trainer.context.n_batch, trainer.context.n_ctx)
+    n_ubatch = trainer.context.training_ubatch
     pos0 = _checks.integer("pos0", pos0)
     if tok.size != lab.size or tok.size > n_ubatch or pos0 + tok.size > trainer.context.n_ctx:
         raise ValueError(f"tokens and labels must be of one length, at most n_ubatch ({n_ubatch}), within n_ctx")

@@ -6,8 +6,9 @@ let through.
     python tests/mutation/run.py                 # the full sample (see --sample), figures to README
     python tests/mutation/run.py --sample 3      # what CI runs: a small fixed sample
 
-A mutant is killed when the certification does not certify it (a failed check, a crash or a hang);
-it survives when the certification still says certified; a mutant that does not compile is
+A mutant is killed when a check of the certification fails, crashes or hangs against it (the checks'
+intact runs; their seeded-defect runs are proven once, on the unmutated build); it survives when
+every check passes; a mutant that does not compile is
 invalid and not counted. Known-equivalent mutants (tests/mutation/equivalent.toml, each with its
 reason) are reported apart and not counted. The seeded-defect switches are never mutated: they are
 off in a certification's intact runs.
@@ -86,25 +87,27 @@ def build(site: Path) -> subprocess.CompletedProcess[str]:
     return sh([*pip, "--upgrade", "--target", str(site), f"-Cbuild-dir={BUILD}", str(SOURCE)])
 
 
-def certify(site: Path, out: Path, timeout: float) -> int:
-    run = sh(
-        [
-            sys.executable,
-            "-S",
-            "-m",
-            "retro.conformance.cli",
-            "certify",
-            "--clauses",
-            COVERED,
-            "--out",
-            str(out),
-            "--case-timeout",
-            str(timeout),
-        ],
-        env=site_env(site),
-        cwd=out.parent,
-    )
-    return run.returncode
+def certify(site: Path, out: Path, timeout: float, *, defects: bool) -> tuple[int, list[str]]:
+    """The exit code, and the clauses whose checks failed or crashed."""
+    cmd = [
+        sys.executable,
+        "-S",
+        "-m",
+        "retro.conformance.cli",
+        "certify",
+        "--clauses",
+        COVERED,
+        "--out",
+        str(out),
+        "--case-timeout",
+        str(timeout),
+    ]
+    run = sh([*cmd, *([] if defects else ["--no-defects"])], env=site_env(site), cwd=out.parent)
+    results = out / "results.json"
+    if not results.exists():
+        return run.returncode, ["(no results)"]
+    cases = json.loads(results.read_text(encoding="utf-8"))["cases"]
+    return run.returncode, sorted({c for r in cases if r["outcome"] in ("fail", "crash") for c in r["clauses"]})
 
 
 def patched_lines(rel: str) -> list[int]:
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             print(first.stdout[-3000:] + first.stderr[-3000:], file=sys.stderr)
             return 2
         (work / "baseline").mkdir()
-        if certify(site, work / "baseline" / "out", args.case_timeout) != 0:
+        if certify(site, work / "baseline" / "out", args.case_timeout, defects=True)[0] != 0:
             print("the unmutated build is not certified: nothing to measure", file=sys.stderr)
             return 2
         mutants: list[Mutant] = []
@@ -218,14 +221,16 @@ def main(argv: list[str] | None = None) -> int:
                     m.outcome, m.detail = "invalid", "does not compile"
                 else:
                     (work / f"m{n}").mkdir()
-                    rc = certify(site, work / f"m{n}" / "out", args.case_timeout)
-                    m.outcome = "survived" if rc == 0 else "killed"
-                    m.detail = f"certify exit {rc}"
+                    # the checks' intact runs judge a mutant; their defect runs were proven on the baseline
+                    _, failed = certify(site, work / f"m{n}" / "out", args.case_timeout, defects=False)
+                    m.outcome = "killed" if failed else "survived"
+                    m.detail = "failed: " + ", ".join(failed) if failed else ""
             finally:
                 target.write_bytes(original)
             m.seconds = round(time.monotonic() - t0, 1)
             print(
-                f"[{n}/{len(sample)}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): {m.original!r} -> {m.mutated!r}",
+                f"[{n}/{len(sample)}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): {m.original!r} -> {m.mutated!r}"
+                + (f" [{m.detail}]" if m.detail else ""),
                 flush=True,
             )
         build(site)  # leave the build folder as the sources are
