@@ -68,7 +68,8 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 def site_env(site: Path) -> dict[str, str]:
     """An environment whose interpreter (run with -S) sees the mutant build, not an editable install."""
-    return site_view_env(site, site.parent / "site-view")
+    # one ggml thread: a certification stays as fast with other work on the machine (see retro.bench)
+    return {**site_view_env(site, site.parent / "site-view"), "RETRO_THREADS": "1"}
 
 
 def sync_source() -> None:
