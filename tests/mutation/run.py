@@ -21,6 +21,7 @@ import json
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -174,7 +175,12 @@ def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
     return None
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # unwinds through the finally that restores a mutated file
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sample", type=int, default=60, help="mutants to run, drawn with --seed from all generated")
     ap.add_argument("--seed", type=int, default=1)
@@ -186,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         site = work / "site"
         sync_source()
+        # the patched tree is prepared afresh: a run that was killed may have left a mutant in it
+        (PREPARED / ".retro-stamp.json").unlink(missing_ok=True)
         first = build(site)  # the unmutated build, which also prepares the patched tree
         if first.returncode != 0:
             print(first.stdout[-3000:] + first.stderr[-3000:], file=sys.stderr)
