@@ -193,3 +193,32 @@ def test_a_mismatched_checkpoint_is_rejected_before_anything_is_written(ctx):
         with pytest.raises(OverflowError):
             tr.restore(retro.Checkpoint(good.parameters, good.moments, 2**63))
         assert np.array_equal(ctx.model.tensor("output.weight"), before)
+
+
+def test_a_schedule_sets_the_rate_of_each_step(model_path):
+    """Steps taken under a schedule equal the same steps each taken by a trainer whose fixed rate
+    is the one the schedule gave that step."""
+    rates = [0.05, 0.01, 0.2]
+    data = dataset(3)
+
+    def train(windows: slice, **kw) -> dict[str, np.ndarray]:
+        with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=256) as c:
+            with retro.Trainer(c, **kw) as tr:
+                assert tr.epoch(retro.TokenDataset(data.tokens[windows], data.labels[windows])).optimizer_steps
+            return m.parameters()
+
+    asked: list[tuple[int, int]] = []
+
+    def schedule(step: int, horizon: int) -> float:
+        asked.append((step, horizon))
+        return rates[step]
+
+    scheduled = train(slice(0, 3), optimizer=retro.SGD(lr=1.0), schedule=schedule, horizon=3)
+    assert asked == [(0, 3), (1, 3), (2, 3)]
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=256) as c:
+        for k, rate in enumerate(rates):
+            with retro.Trainer(c, optimizer=retro.SGD(lr=rate)) as tr:
+                tr.epoch(retro.TokenDataset(data.tokens[k : k + 1], data.labels[k : k + 1]))
+        fixed = m.parameters()
+    for name in fixed:
+        assert np.array_equal(scheduled[name], fixed[name]), name

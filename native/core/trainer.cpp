@@ -61,12 +61,13 @@ llama_context * Trainer::ctx() const {
 ggml_opt_optimizer_params Trainer::optimizer_params(void * self) {
     const auto * t              = static_cast<const Trainer *>(self);
     ggml_opt_optimizer_params p = ggml_opt_get_default_optimizer_params(nullptr);
-    p.adamw.alpha               = t->opt_.lr;
+    const float lr              = t->schedule_ ? t->step_lr_ : t->opt_.lr;  // the scheduled rate, if any
+    p.adamw.alpha               = lr;
     p.adamw.beta1               = t->opt_.beta1;
     p.adamw.beta2               = t->opt_.beta2;
     p.adamw.eps                 = t->opt_.eps;
     p.adamw.wd                  = t->opt_.wd;
-    p.sgd.alpha                 = t->opt_.lr;
+    p.sgd.alpha                 = lr;
     p.sgd.wd                    = t->opt_.wd;
     if (t->defects_(RETRO_DEFECT_BASE_02)) {
         // seeded defect: the step size depends on hidden process-wide state
