@@ -169,8 +169,14 @@ def equivalents() -> list[dict]:
 
 
 def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
+    """The reason a mutant is equivalent: an entry naming it, or a class of entries (``kind``)."""
     for e in known:
-        if e["file"] == m.file and e["original"] == m.original and e["mutated"] == m.mutated:
+        if e.get("kind") == "counting-loop-bound":
+            # `for (...; i < n; ++i)` with i counting up by one from below n stops at n either way
+            loop = re.match(r"for \((.*); (\w+) < ([^;]+); \+\+\2\) \{$", m.original)
+            if loop and m.mutated == m.original.replace(f"; {loop[2]} < ", f"; {loop[2]} != ", 1):
+                return e["reason"]
+        elif e.get("file") == m.file and e.get("original") == m.original and e.get("mutated") == m.mutated:
             return e["reason"]
     return None
 
@@ -186,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--case-timeout", type=float, default=120.0)
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation-results.json")
+    ap.add_argument("--rescore", action="store_true", help="re-triage the survivors of --out against equivalent.toml")
     args = ap.parse_args(argv)
+    if args.rescore:
+        saved = json.loads(args.out.read_text(encoding="utf-8"))
+        sample = [Mutant(**m) for m in saved["mutants"]]
+        for m in sample:
+            reason = known_equivalent(m, equivalents()) if m.outcome == "survived" else None
+            if reason:
+                m.outcome, m.detail = "equivalent", reason
+        return report(sample, saved["generated"], saved["seed"], args.out)
 
     with tempfile.TemporaryDirectory(prefix="retro-mutation-") as tmp:
         work = Path(tmp)
@@ -244,13 +259,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         build(site)  # leave the build folder as the sources are
 
+    return report(sample, generated, args.seed, args.out)
+
+
+def report(sample: list[Mutant], generated: int, seed: int, out: Path) -> int:
     counted = [m for m in sample if m.outcome in ("killed", "survived")]
     killed = sum(m.outcome == "killed" for m in counted)
     score = 100.0 * killed / len(counted) if counted else 0.0
     summary = {
         "generated": generated,
         "sampled": len(sample),
-        "seed": args.seed,
+        "seed": seed,
         "killed": killed,
         "survived": len(counted) - killed,
         "invalid": sum(m.outcome == "invalid" for m in sample),
@@ -258,11 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         "score_percent": round(score, 1),
         "mutants": [asdict(m) for m in sample],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     print(
         f"mutation score: {score:.1f} % ({killed} of {len(counted)} non-equivalent, compiling mutants killed; "
-        f"{summary['invalid']} invalid, {summary['equivalent']} equivalent); results in {args.out}"
+        f"{summary['invalid']} invalid, {summary['equivalent']} equivalent); results in {out}"
     )
     for m in sample:
         if m.outcome == "survived":
