@@ -197,9 +197,23 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
         ds = support.windows(WINDOWS_TRAIN, 256, model.n_vocab, seed + 14)
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
             tr.epoch(support.subset(ds, slice(0, 1)))  # warm up
-            t0 = time.monotonic()
-            tr.epoch(support.subset(ds, slice(0, 1)))
-            compute_s = (time.monotonic() - t0) / PER_WINDOW  # one micro-batch, unthrottled
+            runs = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                tr.epoch(support.subset(ds, slice(0, 1)))
+                runs.append((time.monotonic() - t0) / PER_WINDOW)
+            compute_s = min(runs)  # one micro-batch, unthrottled (the least of three: load only adds)
+        # the limiter pays its debt before the next compute: at duty 0.02 the gap between the first
+        # two callbacks holds a sleep of 49 micro-batches' compute (half of it is a safe floor)
+        calls: list[float] = []
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), duty_cycle=0.02) as tr:
+            tr.epoch(ds, progress=lambda p: calls.append(time.monotonic()) is None and p.done < 2)
+        gap, owed_one = calls[1] - calls[0], compute_s * 0.98 / 0.02
+        expect(
+            "CANCEL-07",
+            gap > 0.5 * owed_one,
+            f"{gap * 1e3:.1f} ms between two micro-batches at duty 0.02; {owed_one * 1e3:.1f} ms of debt owed",
+        )
         for duty, k in ((0.02, 1), (0.1, 3)):
             cancelled_at: list[float] = []
 

@@ -142,7 +142,22 @@ def _check_state_dropped(backend, model_path, seed, site):
         expect(clause, bool(live), f"{site}: no accumulator exists after a backward pass")
         nonzero = [n for n in live if np.any(accs[n] != 0)]
         expect(clause, not nonzero, f"{site}: partial gradients kept in {nonzero[:3]}")
+        # a failing epoch call leaves no sequence behind: the next decode starts at position 0, as
+        # one does after an explicit reset of the context
         fi.reset()
+        fi.arm(site, 2)
+        with pytest.raises(retro.BeforeComputeError):
+            tr.epoch(ds)
+        fi.reset()
+        ids = np.array([1, 2, 3], dtype=np.int32)
+        after_failure = ctx.decode(ids)
+        ctx.reset()
+        expect(
+            "FAIL-04",
+            np.array_equal(after_failure, ctx.decode(ids)),
+            f"{site}: a decode after the failed call differs from one after a reset",
+        )
+        ctx.reset()
         expect(clause, tr.epoch(ds).epoch_complete and not tr.poisoned, f"{site}: the next call did not complete")
 
 
