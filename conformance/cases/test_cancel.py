@@ -206,8 +206,13 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
         # the limiter pays its debt before the next compute: at duty 0.02 the gap between the first
         # two callbacks holds a sleep of 49 micro-batches' compute (half of it is a safe floor)
         calls: list[float] = []
+
+        def two_calls(p: retro.Progress) -> bool:
+            calls.append(time.monotonic())
+            return p.done < 2
+
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), duty_cycle=0.02) as tr:
-            tr.epoch(ds, progress=lambda p: calls.append(time.monotonic()) is None and p.done < 2)
+            tr.epoch(ds, progress=two_calls)
         gap, owed_one = calls[1] - calls[0], compute_s * 0.98 / 0.02
         expect(
             "CANCEL-07",
