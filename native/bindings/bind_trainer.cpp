@@ -26,33 +26,33 @@ EpochRequest request_of(const Int32Array & tokens, const Int32Array & labels, in
     return r;
 }
 
-// A Python progress callback as the core's ProgressFn: it takes the GIL to run, and the Python
-// object is released under the GIL whichever thread drops the last reference.
+// A Python object that any thread may hold: it is released under the GIL whichever thread drops
+// the last reference (the core keeps callbacks in scopes it may pop without the GIL).
+std::shared_ptr<py::object> held_by_native(const py::object & o) {
+    return std::shared_ptr<py::object>(new py::object(o), [](py::object * p) {
+        py::gil_scoped_acquire acquire;
+        delete p;
+    });
+}
+
+// A Python progress callback as the core's ProgressFn, called with the GIL taken.
 std::shared_ptr<const ProgressFn> progress_of(const py::object & progress) {
     if (progress.is_none()) {
         return nullptr;
     }
-    std::shared_ptr<py::object> held(new py::object(progress), [](py::object * o) {
-        py::gil_scoped_acquire acquire;
-        delete o;
-    });
-    return std::make_shared<const ProgressFn>([held](bool train, int64_t done, int64_t total) {
-        py::gil_scoped_acquire acquire;
-        return !(*held)(train, done, total).is(py::bool_(false));
-    });
+    return std::make_shared<const ProgressFn>(
+            [held = held_by_native(progress)](bool train, int64_t done, int64_t total) {
+                py::gil_scoped_acquire acquire;
+                return !(*held)(train, done, total).is(py::bool_(false));
+            });
 }
 
-// A Python schedule as the core's ScheduleFn, called with the GIL taken; the object is released
-// under the GIL whichever thread drops the last reference.
+// A Python schedule as the core's ScheduleFn, called with the GIL taken.
 std::shared_ptr<const ScheduleFn> schedule_of(const py::object & schedule) {
     if (schedule.is_none()) {
         return nullptr;
     }
-    std::shared_ptr<py::object> held(new py::object(schedule), [](py::object * o) {
-        py::gil_scoped_acquire acquire;
-        delete o;
-    });
-    return std::make_shared<const ScheduleFn>([held](int64_t step, int64_t horizon) {
+    return std::make_shared<const ScheduleFn>([held = held_by_native(schedule)](int64_t step, int64_t horizon) {
         py::gil_scoped_acquire acquire;
         return (*held)(step, horizon).cast<float>();
     });
