@@ -96,6 +96,12 @@ class EpochMetrics:
     epoch_complete: bool
     elapsed_s: float
     throttle_s: float  # slept by the duty-cycle limiter
+    # where the micro-batches spent their time, summed: dynamic graphs are rebuilt (forward
+    # build, backward expansion and allocation) before every compute
+    staging_s: float  # batch, memory, inputs and labels
+    graph_build_s: float
+    backward_alloc_s: float
+    compute_s: float
 
     @property
     def micro_batches(self) -> int:

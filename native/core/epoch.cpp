@@ -125,6 +125,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                     break;
                 }
                 const int64_t off    = w * r.width + k * n_ubatch;
+                context_->threads.apply(lctx);
                 const auto t_mb      = Clock::now();
                 const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,
                                                              (llama_pos) (k * n_ubatch), train, result);
@@ -143,6 +144,11 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                     const double compute_s = std::chrono::duration<double>(Clock::now() - t_mb).count();
                     debt_s += compute_s * (1.0 - r.duty_cycle) / r.duty_cycle;
                 }
+                const llama_opt_step_times st = llama_opt_last_step_times(lctx);
+                m.staging_s += 1e-6 * (double) (st.prepare_us + st.inputs_us);
+                m.graph_build_s += 1e-6 * (double) st.graph_build_us;
+                m.backward_alloc_s += 1e-6 * (double) st.backward_alloc_us;
+                m.compute_s += 1e-6 * (double) st.compute_us;
                 ++done;
                 (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
                 // every label of a token window is real: no padding is sent to compute
