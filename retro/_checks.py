@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import numpy as np
 
@@ -61,13 +60,3 @@ def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndar
     if lo < 0 or hi >= n_vocab:
         raise ValueError(f"{name} holds ids outside [0, {n_vocab}): min {lo}, max {hi}")
     return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-def default_threads() -> int:
-    """Threads per context: RETRO_THREADS, else the cores this process may run on (at most 16).
-    More ggml threads than free cores makes ggml many times slower, never faster: a caller that
-    runs several processes side by side sets RETRO_THREADS to its share."""
-    if os.environ.get("RETRO_THREADS"):
-        return integer("RETRO_THREADS", int(os.environ["RETRO_THREADS"]), minimum=1, maximum=512)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, 16))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks, _native
+from . import _checks, _native, _threads
 from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .model import Model
@@ -35,16 +35,20 @@ class Context(NativeHandle):
         n_ubatch = min(n_batch, 512) if n_ubatch is None else _checks.integer("n_ubatch", n_ubatch, minimum=1)
         if n_ubatch > n_batch:
             raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
-        threads = (
-            _checks.default_threads()
+        threads, adaptive = (
+            _threads.default_threads()
             if n_threads is None
-            else _checks.integer("n_threads", n_threads, minimum=1, maximum=512)
+            else (_checks.integer("n_threads", n_threads, minimum=1, maximum=512), False)
         )
         if model.closed:
             raise ValueError("the model is closed")
         self.model = model
         self.n_threads = threads
-        self._h = forwarding(_native.Context)(model._h, n_ctx, n_batch, n_ubatch, threads)
+        """The most CPU threads a compute gets (all of them unless ``adaptive_threads``)."""
+        self.adaptive_threads = adaptive
+        """Whether each compute gets only the cores no other runnable task holds (the default
+        when neither ``n_threads`` nor RETRO_THREADS names a count)."""
+        self._h = forwarding(_native.Context)(model._h, n_ctx, n_batch, n_ubatch, threads, adaptive)
 
     @property
     def n_ctx(self) -> int:
@@ -57,6 +61,11 @@ class Context(NativeHandle):
     @property
     def n_ubatch(self) -> int:
         return int(self._h.n_ubatch)
+
+    @property
+    def threads_now(self) -> int:
+        """The CPU threads the last compute ran with."""
+        return int(self._h.threads_now)
 
     @property
     def training_ubatch(self) -> int:

@@ -12,7 +12,7 @@ namespace retro::bindings {
 namespace {
 
 std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                                     int32_t n_threads) {
+                                     int32_t n_threads, bool adaptive_threads) {
     llama_context_params params = llama_context_default_params();
     params.n_ctx                = n_ctx;
     params.n_batch              = n_batch;
@@ -23,6 +23,7 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     params.no_perf              = true;
     auto context                = std::make_shared<Context>();
     context->model              = model;
+    context->threads            = ThreadGovernor(n_threads, adaptive_threads);
     clear_recent_errors();
     {
         py::gil_scoped_release release;
@@ -61,6 +62,7 @@ py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> 
     int32_t rc;
     {
         py::gil_scoped_release release;
+        c.threads.apply(ctx);
         rc = llama_decode(ctx, batch);
     }
     if (rc != 0) {
@@ -84,7 +86,8 @@ py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> 
 void bind_context(py::module_ & m) {
     py::class_<Context, std::shared_ptr<Context>>(m, "Context")
             .def(py::init(&new_context), py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"),
-                 py::arg("n_threads"))
+                 py::arg("n_threads"), py::arg("adaptive_threads"))
+            .def_property_readonly("threads_now", [](const Context & self) { return llama_n_threads_batch(self.get()); })
             .def("close", &Context::close)
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })

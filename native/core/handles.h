@@ -5,6 +5,7 @@
 
 #include "errors.h"
 #include "llama.h"
+#include "thread_governor.h"
 
 #include <algorithm>
 #include <memory>
@@ -45,6 +46,7 @@ struct Context {
     llama_context * ctx = nullptr;
     int32_t n_past      = 0;      // tokens of sequence 0 in the KV cache
     bool has_trainer    = false;  // llama_opt_init holds the context until the trainer closes
+    ThreadGovernor threads;       // the CPU threads of each compute
 
     ~Context() { close(); }
     void close() {
