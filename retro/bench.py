@@ -2,9 +2,12 @@
 
 - loop: retro's training loop against upstream's own ``llama_opt_epoch`` on the same library,
   trainer and data, alternating call by call (min and median over repetitions).
+- rebuild: where a training micro-batch spends its time (the fork's step timer): rebuilding the
+  graph (forward build, backward expansion, allocation) against computing it, on the tiny model
+  and a 6-layer, 256-wide one, on the CPU and every other device the build has.
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
-  spinning on the CPU, against the same policy unloaded, each policy in fresh processes (OpenMP
-  reads its settings once, at load).
+  spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
+  settings once, at load), taking turns epoch by epoch.
 
 Writes JSON with ``--json``. Speed is measured here, never by timed tests.
 """
@@ -21,34 +24,44 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from retro.devices import Device
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+DEFAULT_POLICY = "retro's default (free cores)"
+BASELINE_POLICY = "OpenMP default wait, all cores"  # the default before the free-core policy
 #: thread policies: the environment each runs under (on top of the caller's), and its thread count
+#: (None: the Context's default, which follows the load). OpenMP's active wait is left out: its
+#: idle workers never stop spinning, so it would load the machine while the other policies run.
 POLICIES: dict[str, tuple[dict[str, str], int | None]] = {
-    "OpenMP active wait, all cores": ({"OMP_WAIT_POLICY": "active"}, None),
-    "OpenMP default wait, all cores": ({}, None),
-    "OpenMP passive wait, all cores": ({"OMP_WAIT_POLICY": "passive"}, None),
-    "OpenMP spin 100k, all cores": ({"GOMP_SPINCOUNT": "100000"}, None),
-    "OpenMP spin 10k, all cores": ({"GOMP_SPINCOUNT": "10000"}, None),
-    "OpenMP spin 1k, all cores": ({"GOMP_SPINCOUNT": "1000"}, None),
+    DEFAULT_POLICY: ({}, None),
+    BASELINE_POLICY: ({}, CORES),
+    "OpenMP passive wait, all cores": ({"OMP_WAIT_POLICY": "passive"}, CORES),
+    "OpenMP spin 1k, all cores": ({"GOMP_SPINCOUNT": "1000"}, CORES),
     "one thread": ({}, 1),
 }
+#: targets: under load within LOADED_MAX of its own unloaded time; unloaded within UNLOADED_MAX of
+#: the baseline
+LOADED_MAX, UNLOADED_MAX = 2.0, 1.05
 
+# one process per policy, answering each line on stdin with the ms per micro-batch of one epoch
 WORKLOAD = r"""
-import json, sys, time, numpy as np, retro
-path, threads, reps = sys.argv[1], (int(sys.argv[2]) or None), int(sys.argv[3])
+import sys, time, numpy as np, retro
+path, threads = sys.argv[1], (int(sys.argv[2]) or None)
 with retro.Model.load(path, devices=[], trainable=True) as m, \
         retro.Context(m, n_ctx=256, n_ubatch=64, n_threads=threads) as c:
-    stream = np.random.default_rng(0).integers(0, m.n_vocab, size=2 * 256 + 1)
+    stream = np.random.default_rng(0).integers(0, m.n_vocab, size=4 * 256 + 1)
     ds = retro.TokenDataset.from_tokens(stream, width=256)
     with retro.Trainer(c, optimizer=retro.AdamW()) as tr:
         tr.epoch(ds)  # warm-up
-        out = []
-        for _ in range(reps):
+        print("ready", flush=True)
+        for _ in sys.stdin:
             t = time.perf_counter(); n = tr.epoch(ds).train_micro_batches
-            out.append((time.perf_counter() - t) / n)
-print(json.dumps(out))
+            print((time.perf_counter() - t) / n, flush=True)
 """
 
 HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass\n"
@@ -89,35 +102,154 @@ def loop_overhead(model: Path, *, threads: int, n_ubatch: int, reps: int) -> dic
     }
 
 
-def under_load(model: Path, *, hogs: int, policy: str, reps: int) -> float:
-    """Median seconds per micro-batch of `policy` while `hogs` processes spin."""
+#: the models the rebuild cost is measured on: the tests' tiny model and a 6-layer, 256-wide one
+REBUILD_MODELS = {
+    "tiny (2 x 64)": {},
+    "6 x 256": {"n_embd": 256, "n_layer": 6, "n_head": 4, "n_head_kv": 4, "n_ff": 768},
+}
+PHASES = ("staging_s", "graph_build_s", "backward_alloc_s", "compute_s")
+
+
+def rebuild_cost(model: Path, *, device: Device | None, threads: int, n_ubatch: int, reps: int) -> dict[str, float]:
+    """Seconds per micro-batch of each phase of a training step (min over repetitions), and the
+    rebuild (forward build + backward expansion + allocation) over the compute."""
+    import retro
+
+    devices: list[Device] = [] if device is None else [device]
+    with (
+        retro.Model.load(model, devices=devices, gpu_layers=-1, trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_ubatch=n_ubatch, n_threads=threads) as c,
+    ):
+        stream = np.random.default_rng(2).integers(0, m.n_vocab, size=4 * 256 + 1)
+        ds = retro.TokenDataset.from_tokens(stream, width=256)
+        with retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4)) as tr:
+            tr.epoch(ds)
+            per_rep = []
+            for _ in range(reps):
+                metrics = tr.epoch(ds)
+                per_rep.append({ph: getattr(metrics, ph) / metrics.micro_batches for ph in PHASES})
+    row = {ph: min(r[ph] for r in per_rep) for ph in PHASES}
+    rebuild = [r["graph_build_s"] + r["backward_alloc_s"] for r in per_rep]
+    ratios = [(r["graph_build_s"] + r["backward_alloc_s"]) / r["compute_s"] for r in per_rep]
+    row.update(rebuild_s=min(rebuild), rebuild_over_compute_min=min(ratios))
+    row["rebuild_over_compute_median"] = statistics.median(ratios)
+    return row
+
+
+def rebuild_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
+    import retro
+    from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+    print("graph rebuild per micro-batch: forward build + backward expansion + allocation, against compute")
+    backends: list[tuple[str, Device | None]] = [("CPU", None)]
+    backends += [(f"{d.backend} {d.name}", d) for d in retro.devices() if d.kind != "cpu"]
+    rows: list[dict[str, object]] = []
+    for label, spec in REBUILD_MODELS.items():
+        path = write_tiny_llama(folder / f"rebuild-{len(rows)}.gguf", TinyLlamaSpec(**spec))
+        for backend, device in backends:
+            for n_ubatch in (64, 256):
+                r = rebuild_cost(path, device=device, threads=CORES, n_ubatch=n_ubatch, reps=reps)
+                rows.append({"model": label, "backend": backend, "n_ubatch": n_ubatch, **r})
+                print(
+                    f"  {label:14} {backend:10} n_ubatch {n_ubatch:3}: build {r['graph_build_s'] * 1e3:6.2f} + "
+                    f"backward/alloc {r['backward_alloc_s'] * 1e3:6.2f} ms vs compute {r['compute_s'] * 1e3:7.2f} ms: "
+                    f"rebuild/compute {r['rebuild_over_compute_median']:.3f} (min {r['rebuild_over_compute_min']:.3f})",
+                    flush=True,
+                )
+    return rows
+
+
+def _policy_worker(model: Path, policy: str) -> subprocess.Popen[str]:
     extra, threads = POLICIES[policy]
-    spinners = [subprocess.Popen([sys.executable, "-c", HOG, "600"]) for _ in range(hogs)]
+    env = {**os.environ, **extra}
+    env.pop("RETRO_THREADS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD, str(model), str(threads or 0)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the worker of {policy!r} failed to start")
+    return proc
+
+
+def under_load(model: Path, *, reps: int) -> dict[str, list[float]]:
+    """Median seconds per micro-batch of each policy with 0, 1 and 2 processes spinning beside
+    it. Policies take turns epoch by epoch (a rotating order), so every ratio compares runs made
+    in the same machine state."""
+    workers = {policy: _policy_worker(model, policy) for policy in POLICIES}
+    times: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     try:
-        time.sleep(0.2 if hogs else 0)
-        env = {**os.environ, **extra}
-        env.pop("RETRO_THREADS", None)
-        run = subprocess.run(
-            [sys.executable, "-c", WORKLOAD, str(model), str(threads or 0), str(reps)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if run.returncode:
-            raise RuntimeError(run.stderr[-2000:])
-        return float(statistics.median(json.loads(run.stdout)))
+        for hogs in (0, 1, 2):
+            spinners = [subprocess.Popen([sys.executable, "-c", HOG, "900"]) for _ in range(hogs)]
+            samples: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+            try:
+                time.sleep(0.3)
+                order = list(POLICIES)
+                for rep in range(reps):
+                    for policy in order[rep % len(order) :] + order[: rep % len(order)]:
+                        w = workers[policy]
+                        assert w.stdin is not None and w.stdout is not None
+                        w.stdin.write("run\n")
+                        w.stdin.flush()
+                        samples[policy].append(float(w.stdout.readline()))
+                        time.sleep(0.05)  # the last policy's idle workers stop spinning
+            finally:
+                for sp in spinners:
+                    sp.kill()
+                    sp.wait()
+            for policy, xs in samples.items():
+                times[policy].append(statistics.median(xs))
     finally:
-        for s in spinners:
-            s.kill()
-            s.wait()
+        for w in workers.values():
+            w.kill()
+            w.wait()
+    return times
+
+
+def load_table(model: Path, *, reps: int) -> dict[str, object]:
+    """Each policy with 0, 1 and 2 hogs; the default's ratios against the targets."""
+    print("under load: ms per micro-batch with 0 / 1 / 2 spinning processes, and loaded / unloaded")
+    rows = under_load(model, reps=reps)
+    for policy, times in rows.items():
+        print(
+            f"  {policy:34} {times[0] * 1e3:7.1f} {times[1] * 1e3:8.1f} {times[2] * 1e3:8.1f} ms   "
+            f"x{times[1] / times[0]:.2f} x{times[2] / times[0]:.2f}",
+            flush=True,
+        )
+    own = rows[DEFAULT_POLICY]
+    loaded_ratio = max(own[1], own[2]) / own[0]
+    unloaded_vs_baseline = own[0] / rows[BASELINE_POLICY][0]
+    # against the fastest policy measured at each load: how much any other choice would gain
+    vs_best = [own[h] / min(t[h] for t in rows.values()) for h in range(3)]
+    meets = loaded_ratio <= LOADED_MAX and unloaded_vs_baseline <= UNLOADED_MAX
+    print(
+        f"  default: loaded/unloaded at most x{loaded_ratio:.2f} (target <= {LOADED_MAX}), "
+        f"unloaded vs {BASELINE_POLICY} x{unloaded_vs_baseline:.3f} (target <= {UNLOADED_MAX}): "
+        + ("meets the targets" if meets else "MISSES the targets"),
+        flush=True,
+    )
+    print("  default vs the fastest policy at 0 / 1 / 2 busy processes: " + " ".join(f"x{r:.2f}" for r in vs_best))
+    verdict = {
+        "loaded_ratio_max": loaded_ratio,
+        "unloaded_vs_baseline": unloaded_vs_baseline,
+        "vs_best_policy": vs_best,
+        "meets_targets": meets,
+    }
+    return {
+        "s_per_micro_batch": {p: {"hogs_0": t[0], "hogs_1": t[1], "hogs_2": t[2]} for p, t in rows.items()},
+        "default": verdict,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--skip", action="append", default=[], choices=["loop", "load"])
+    ap.add_argument("--skip", action="append", default=[], choices=["loop", "rebuild", "load"])
     args = ap.parse_args(argv)
     report: dict[str, object] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -138,25 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             report["loop"] = rows
+        if "rebuild" not in args.skip:
+            report["rebuild"] = rebuild_table(Path(tmp), reps=args.reps)
         if "load" not in args.skip:
-            print("under load: ms per micro-batch with 0 / 1 / 2 spinning processes, and loaded / unloaded")
-            load_rows: list[dict[str, object]] = []
-            for policy in POLICIES:
-                times = [under_load(model, hogs=h, policy=policy, reps=args.reps) for h in (0, 1, 2)]
-                load_rows.append(
-                    {
-                        "policy": policy,
-                        "s_per_micro_batch": times,
-                        "ratio_1_hog": times[1] / times[0],
-                        "ratio_2_hogs": times[2] / times[0],
-                    }
-                )
-                print(
-                    f"  {policy:32} {times[0] * 1e3:7.1f} {times[1] * 1e3:8.1f} {times[2] * 1e3:8.1f} ms   "
-                    f"x{times[1] / times[0]:.2f} x{times[2] / times[0]:.2f}",
-                    flush=True,
-                )
-            report["load"] = load_rows
+            report["load"] = load_table(model, reps=args.reps)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
