@@ -12,6 +12,9 @@ class ContextError(RetroError):
 class DecodeError(RetroError):
     """llama_decode failed."""
 
+class BackendError(RetroError):
+    """A backend device could not be reached or served (e.g. an RPC server that is not running)."""
+
 class InvalidStateError(RetroError):
     """The object is closed, or the call does not fit its state (e.g. a second trainer)."""
 
@@ -46,4 +49,4 @@ class ComputeError(TrainingError):
 class PoisonedTrainerError(TrainingError):
     """Refused: an earlier backend compute failed on this trainer."""
 
-__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'ComputeError', 'PoisonedTrainerError']
+__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'ComputeError', 'PoisonedTrainerError']

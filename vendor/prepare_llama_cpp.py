@@ -33,7 +33,14 @@ TREE_IN_SDIST = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # top level and one folder per backend: only the enabled backends' folders are kept.
 KEEP_DIRS = ("cmake/", "include/", "src/", "ggml/cmake/", "ggml/include/")
 KEEP_FILES = ("CMakeLists.txt", "LICENSE", "ggml/CMakeLists.txt")
-BACKEND_DIRS = {"cpu": "ggml/src/ggml-cpu/", "cuda": "ggml/src/ggml-cuda/", "vulkan": "ggml/src/ggml-vulkan/"}
+BACKEND_DIRS = {
+    "cpu": "ggml/src/ggml-cpu/",
+    "rpc": "ggml/src/ggml-rpc/",
+    "cuda": "ggml/src/ggml-cuda/",
+    "vulkan": "ggml/src/ggml-vulkan/",
+}
+# always in the tree: the CPU, and the RPC backend (small, CPU-only code, and patched by the series)
+ALWAYS = {"cpu", "rpc"}
 
 
 class PrepareError(RuntimeError):
@@ -156,14 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dest", type=Path, required=True, help="folder for the prepared tree")
     ap.add_argument("--patches", type=Path, required=True, help="folder with NNNN-*.patch")
-    ap.add_argument("--backends", default="cpu", help="comma-separated: cpu,cuda,vulkan")
+    ap.add_argument("--backends", default="cpu", help="comma-separated backends the build compiles: cpu,rpc,cuda,vulkan")
     ap.add_argument("--local-tree", type=Path, default=None, help="an upstream tree to use instead of the sdist")
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--exclude-patches", default="", help="comma-separated patch numbers to leave out")
     ap.add_argument("--info", type=Path, default=None, help="write the pin and series hash as JSON here")
     args = ap.parse_args(argv)
 
-    backends = sorted({b.strip().lower() for b in args.backends.split(",") if b.strip()} | {"cpu"})
+    # built: what the build compiles (build info); backends: the sources the tree keeps
+    built = sorted({b.strip().lower() for b in args.backends.split(",") if b.strip()} | {"cpu"})
+    backends = sorted(set(built) | ALWAYS)
     unknown = [b for b in backends if b not in BACKEND_DIRS]
     if unknown:
         raise PrepareError(f"unknown backend(s) {unknown}; known: {sorted(BACKEND_DIRS)}")
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "source": source,
             "patch_series_sha256": stamp["series"],
             "patches": stamp["patches"],
-            "backends": backends,
+            "backends": built,
         }
         args.info.write_text(json.dumps(info, indent=1))
     return 0

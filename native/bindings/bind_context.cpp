@@ -4,6 +4,7 @@
 #include "logging.h"
 
 #include <cstring>
+#include <string>
 #include <memory>
 
 namespace py = pybind11;
@@ -60,10 +61,19 @@ py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> 
     batch.n_tokens = n;
     clear_recent_errors();
     int32_t rc;
+    std::string thrown;
     {
         py::gil_scoped_release release;
         c.threads.apply(ctx);
-        rc = llama_decode(ctx, batch);
+        try {
+            rc = llama_decode(ctx, batch);
+        } catch (const std::exception & e) {  // e.g. compute buffers that cannot be reserved
+            rc     = -1;
+            thrown = e.what();
+        }
+    }
+    if (!thrown.empty()) {
+        throw Error(ErrorKind::Decode, with_diagnostic("llama_decode failed: " + thrown));
     }
     if (rc != 0) {
         throw Error(ErrorKind::Decode, with_diagnostic("llama_decode returned " + std::to_string(rc)));

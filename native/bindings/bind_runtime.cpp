@@ -2,6 +2,7 @@
 #include "bindings.h"
 #include "build_info.h"
 #include "logging.h"
+#include "remote.h"
 
 #include "ggml-backend.h"
 
@@ -50,6 +51,11 @@ void bind_runtime(py::module_ & m) {
     m.def("devices", &devices);
     m.def("drain_logs", &drain_logs);
     m.def("recent_errors", &recent_errors);
+    m.def("rpc_built", &rpc_built);
+    m.def("rpc_connect", &rpc_connect, py::arg("endpoint"), py::call_guard<py::gil_scoped_release>());
+    m.def("rpc_set_timeout_ms", &rpc_set_timeout_ms, py::arg("ms"));
+    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"),
+          py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace retro::bindings

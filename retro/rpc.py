@@ -1,0 +1,142 @@
+"""ggml's RPC backend: a device served by another process over TCP.
+
+``Server`` runs ``python -m retro.rpc`` (this process's CPU served on 127.0.0.1) in a child
+process: a real remote device with its own buffers and transport, which can be killed, stopped
+and restarted like a server on another machine. ``connect`` makes a server's devices usable by
+:meth:`retro.Model.load`.
+
+A lost server (killed, stopped past the deadline, reset) fails the link for good (fork patches
+0017/0018): the next training step raises :class:`retro.ComputeError` and poisons the trainer,
+a decode raises :class:`retro.DecodeError`. Models and contexts created after the server is back
+connect again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import TracebackType
+
+from . import _checks, _native
+from .devices import Device, devices
+from .errors import BackendError
+
+LOOPBACK = "127.0.0.1"
+#: how long a send or receive may wait for a server before the link is declared lost
+DEFAULT_DEADLINE_S = 30.0
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'host:port' -> (host, port), checked before anything native sees it."""
+    if not isinstance(endpoint, str):
+        raise TypeError("endpoint must be a str 'host:port'")
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint must be 'host:port' with a port in 1..65535, got {endpoint!r}")
+    return host, int(port)
+
+
+def connect(endpoint: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> list[Device]:
+    """Register the devices of the server at `endpoint` and return them. `deadline_s` bounds each
+    send and receive of the connections made from now on (0: wait for ever)."""
+    parse_endpoint(endpoint)
+    if not (isinstance(deadline_s, (int, float)) and 0 <= deadline_s <= 86400):
+        raise ValueError("deadline_s must be a number of seconds in [0, 86400]")
+    if not _native.rpc_built():
+        raise BackendError("this build has no RPC backend (RETRO_RPC=OFF)")
+    _native.rpc_set_timeout_ms(int(deadline_s * 1000))
+    if _native.rpc_connect(endpoint) == 0:
+        raise BackendError(f"no RPC server answers at {endpoint}")
+    return [d for d in devices() if d.backend == "RPC" and d.description == endpoint]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """An RPC server in a child process on 127.0.0.1, serving that process's CPU."""
+
+    def __init__(self, *, port: int | None = None, threads: int = 1, start_timeout_s: float = 60.0) -> None:
+        self.port = free_port() if port is None else _checks.integer("port", port, minimum=1, maximum=65535)
+        self.threads = _checks.integer("threads", threads, minimum=1, maximum=512)
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self) -> Server:
+        if self.running:
+            raise RuntimeError("the server is already running")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        end = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise BackendError(f"the RPC server on {self.endpoint} exited with {self.process.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), timeout=1):
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise BackendError(f"the RPC server on {self.endpoint} did not listen within {self.start_timeout_s} s")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the device dies with whatever it held."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        """SIGSTOP: the server stays connected and answers nothing."""
+        if self.running:
+            assert self.process is not None
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.running:
+            assert self.process is not None
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self) -> Server:
+        self.kill()
+        return self.start()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.resume()
+        self.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m retro.rpc", description="Serve this process's CPU over ggml RPC.")
+    ap.add_argument("--host", default=LOOPBACK)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    endpoint = f"{args.host}:{args.port}"
+    parse_endpoint(endpoint)
+    _native.rpc_serve(endpoint, _checks.integer("threads", args.threads, minimum=1, maximum=512))
+    return 1  # rpc_serve returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main())
