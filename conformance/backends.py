@@ -1,15 +1,24 @@
 """Which backends this machine and this build can certify.
 
 A backend is available when the build has it and a device of it is present. An absent backend is
-"not available" (never "pass"), with the reason."""
+"not available" (never "pass"), with the reason. Discovery runs in a child interpreter
+(``discover_isolated``), so the orchestrating process never loads a GPU runtime. The RPC backend's
+device is a server the harness starts on 127.0.0.1; a child learns its endpoint from RPC_SERVERS_ENV.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
-KNOWN = ("cpu", "cuda", "vulkan", "metal")
+KNOWN = ("cpu", "rpc", "cuda", "vulkan", "metal")
 # ggml backend registry names, lowercased, to our names
-_REG_NAMES = {"cpu": "cpu", "cuda": "cuda", "vulkan": "vulkan", "metal": "metal", "mtl": "metal"}
+_REG_NAMES = {"cpu": "cpu", "rpc": "rpc", "cuda": "cuda", "vulkan": "vulkan", "metal": "metal", "mtl": "metal"}
+#: comma-separated host:port of the RPC servers a certification child connects to
+RPC_SERVERS_ENV = "RETRO_CONFORMANCE_RPC_SERVERS"
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,10 @@ class Backend:
         return [d["index"] for d in self.devices]
 
     @property
+    def device_names(self) -> set[str]:
+        return {d["name"] for d in self.devices}
+
+    @property
     def description(self) -> str:
         return "; ".join(d["description"] for d in self.devices)
 
@@ -38,25 +51,64 @@ class Backend:
             "devices": [{k: d[k] for k in ("name", "description", "memory_total")} for d in self.devices],
         }
 
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> Backend:
+        return cls(name, data["available"], data["reason"], tuple(data["devices"]))
 
-def discover() -> dict[str, Backend]:
-    import retro
+
+def classify(built: set[str], devices: list[dict]) -> dict[str, Backend]:
+    """Each known backend from what the build compiled and the devices listed (dicts of
+    retro.Device's fields): available only with a device of it."""
+    from retro._checks import seeded
 
     found: dict[str, list[dict]] = {}
-    for d in retro.devices():
-        name = _REG_NAMES.get(d.backend.lower())
+    for d in devices:
+        name = _REG_NAMES.get(d["backend"].lower())
         if name:
-            found.setdefault(name, []).append(d.__dict__)
-    built = set(retro.build_info().get("backends", [])) | {"cpu"}
+            found.setdefault(name, []).append(d)
     out = {}
     for name in KNOWN:
-        if found.get(name):
-            out[name] = Backend(name, True, devices=tuple(found[name]))
+        if found.get(name) or (seeded("HARNESS-01.absent") and name in built):  # seeded defect: compiled = available
+            out[name] = Backend(name, True, devices=tuple(found.get(name, ())))
         elif name in built:
-            out[name] = Backend(name, False, "compiled into this build, but no device of it is present")
+            why = "no RPC server was given" if name == "rpc" else "no device of it is present"
+            out[name] = Backend(name, False, f"compiled into this build, but {why}")
         else:
             out[name] = Backend(name, False, "not compiled into this build")
     return out
+
+
+def discover() -> dict[str, Backend]:
+    """This process's view: connects to the RPC servers named in RPC_SERVERS_ENV first."""
+    import retro
+    import retro.rpc
+
+    built = set(retro.build_info().get("backends", [])) | {"cpu"}
+    unreachable = []
+    for endpoint in filter(None, os.environ.get(RPC_SERVERS_ENV, "").split(",")):
+        try:
+            retro.rpc.connect(endpoint)
+        except retro.BackendError as err:  # type: ignore[attr-defined]
+            unreachable.append(str(err))
+    out = classify(built, [d.__dict__ for d in retro.devices()])
+    if unreachable and not out["rpc"].available:
+        out["rpc"] = Backend("rpc", False, "; ".join(unreachable))
+    return out
+
+
+def discover_isolated(env: dict[str, str] | None = None) -> dict[str, Backend]:
+    """discover() in a child interpreter (its GPU runtimes and connections die with it)."""
+    done = subprocess.run(
+        [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", "retro.conformance.backends"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode:
+        raise RuntimeError(f"backend discovery failed:\n{done.stderr[-4000:]}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: Backend.from_json(name, b) for name, b in data.items()}
 
 
 def parse_selection(text: str | None) -> list[str]:
@@ -70,3 +122,10 @@ def parse_selection(text: str | None) -> list[str]:
     if bad:
         raise ValueError(f"unknown backend(s) {bad}; known: {', '.join(KNOWN)} or all")
     return list(dict.fromkeys(names))
+
+
+if __name__ == "__main__":
+    found = discover()
+    print(
+        json.dumps({n: {"available": b.available, "reason": b.reason, "devices": b.devices} for n, b in found.items()})
+    )

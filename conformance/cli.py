@@ -1,6 +1,6 @@
 """retro-conformance: certify the contracts on the backends of this machine, merge shards.
 
-  retro-conformance certify [--backend cpu|cuda|vulkan|metal|all] [--out DIR] [--clauses PREFIXES]
+  retro-conformance certify [--backend cpu|rpc|cuda|vulkan|metal|all] [--out DIR] [--clauses PREFIXES]
   retro-conformance merge SHARD_DIR... --out DIR
   retro-conformance verify DIR
   retro-conformance clauses
@@ -12,6 +12,7 @@ certify exits 0 when every requested backend that is available is certified, 1 w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -68,7 +69,7 @@ def _run_watched(
         return proc.returncode, out.read(), timed_out
 
 
-def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict]:
+def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: dict[str, str]) -> list[dict]:
     """Run every selected case on one backend in child interpreters. A case that kills its
     interpreter, or hangs past --case-timeout, is recorded as a crash and the run goes on with
     the cases after it (HARNESS-05)."""
@@ -109,7 +110,7 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
         # a certification run loads exactly its own plugins and settings, whatever pytest session
         # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-        env.update(PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        env.update(extra_env, PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         returncode, output, timed_out = _run_watched(cmd, workdir, env, log, args.case_timeout)
         if args.verbose:
             sys.stdout.write(output)
@@ -183,19 +184,28 @@ def run_info(args: argparse.Namespace) -> dict:
 
 def certify(args: argparse.Namespace) -> int:
     requested = backends_mod.parse_selection(args.backend)
-    found = backends_mod.discover()
     prefixes = [p.strip() for p in args.clauses.split(",")] if args.clauses else None
     clause_ids = registry.select(prefixes)
     if not clause_ids:
         raise ValueError(f"no clause matches {args.clauses!r}")
     run = run_info(args)
     cases: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="retro-conformance-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="retro-conformance-"))
+        env = {}
+        if "rpc" in requested and "rpc" in run["built_backends"]:
+            # the RPC backend's device: a server on 127.0.0.1 for the whole run, serving its CPU
+            from retro._threads import default_threads
+            from retro.rpc import Server
+
+            server = stack.enter_context(Server(threads=default_threads()[0]))
+            env[backends_mod.RPC_SERVERS_ENV] = server.endpoint
+        found = backends_mod.discover_isolated({**os.environ, **env})
         for name in requested:
             b = found[name]
             if b.available:
                 print(f"certifying {name}: {b.description}", flush=True)
-                cases += run_backend(name, args, Path(tmp))
+                cases += run_backend(name, args, Path(tmp), env if name == "rpc" else {})
             else:
                 print(f"{name}: not available ({b.reason})", flush=True)
     expectations = {n: results.load_expectations(n) for n in requested}
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
-    c.add_argument("--backend", default="cpu", help="cpu (default), cuda, vulkan, metal or all; comma-separated")
+    c.add_argument("--backend", default="cpu", help="cpu (default), rpc, cuda, vulkan, metal or all; comma-separated")
     c.add_argument("--out", type=Path, default=Path("conformance-results"))
     c.add_argument(
         "--clauses",

@@ -10,10 +10,12 @@ An intact run that never asserted through a clause it cites fails: that citation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 
@@ -32,6 +34,7 @@ class Ledger:
 
     enforced: str | None  # the clause whose assertions raise; None: every clause's (intact run)
     asserted: set[str] = field(default_factory=set)
+    oracle: list[dict] = field(default_factory=list)  # comparisons against the CPU oracle
     tolerated: list[ClauseViolation] = field(default_factory=list)  # failed, not enforced here
 
     def record(self, violation: ClauseViolation | None, clause: str) -> None:
@@ -84,3 +87,24 @@ def bound(clause: str) -> Iterator[None]:
         _record(ClauseViolation(clause, text), clause)
     else:
         _record(None, clause)
+
+
+def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Normalized mean squared error, as llama.cpp's test-backend-ops compares a backend with the
+    CPU: sum((a - e)^2) / sum(e^2) (0 when both are all zero)."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return math.inf
+    denominator = float(np.sum(e * e))
+    numerator = float(np.sum((a - e) ** 2))
+    return numerator / denominator if denominator else (0.0 if numerator == 0 else math.inf)
+
+
+def against_oracle(clause: str, observation: str, actual: np.ndarray, expected: np.ndarray, tolerance: float) -> None:
+    """Assert (for `clause`) that an observation made on the backend under test agrees with the
+    same observation made on the CPU; the NMSE and the tolerance go into results.json."""
+    value = nmse(actual, expected)
+    if _ledger is not None:
+        # JSON has no infinity: a shape mismatch or a zero reference reads as 1e300
+        _ledger.oracle.append({"observation": observation, "nmse": min(value, 1e300), "tolerance": tolerance})
+    expect(clause, value <= tolerance, f"{observation}: NMSE {value:.3g} against the CPU exceeds {tolerance:g}")

@@ -49,6 +49,7 @@ class CaseMeta:
         self.message = ""
         self.duration = 0.0
         self.caught: dict[str, str] | None = None  # {clause, assertion} of a caught defect
+        self.oracle: list[dict] = []  # comparisons with the CPU oracle (evidence.against_oracle)
 
 
 _META = pytest.StashKey[CaseMeta]()
@@ -64,7 +65,9 @@ def not_supported(reason: str) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("retro-conformance")
     g.addoption(
-        "--backend", default=None, help="backends to certify: cpu (default), cuda, vulkan, metal, all; comma-separated"
+        "--backend",
+        default=None,
+        help="backends to certify: cpu (default), rpc, cuda, vulkan, metal, all; comma-separated",
     )
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
@@ -106,10 +109,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses.toml")
     if "backend" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{where}: a conformance check must take the `backend` fixture")
-    defects = (
-        [] if metafunc.config.getoption("--no-defects") else [d for c in marker.args for d in registry.defects_of(c)]
-    )
-    variants = [Variant(b, d) for b in metafunc.config.stash[_SELECTED] for d in [None, *defects]]
+    no_defects = metafunc.config.getoption("--no-defects")
+    variants = [
+        Variant(b, d)
+        for b in metafunc.config.stash[_SELECTED]
+        for d in [None, *([] if no_defects else [d for c in marker.args for d in registry.defects_of(c, b)])]
+    ]
     metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
 
 
@@ -194,6 +199,7 @@ def pytest_runtest_call(item: pytest.Item):
         )
         return None
     finally:
+        meta.oracle = ledger.oracle
         evidence.end()
 
 
@@ -266,6 +272,7 @@ class Recorder:
                 "duration_s": round(meta.duration, 6),
                 "message": meta.message[:4000],
                 "caught": meta.caught,
+                **({"oracle": meta.oracle} if meta.oracle else {}),
             }
         )
 

@@ -38,6 +38,11 @@ class Defect:
     id: str
     where: str
     defect: str
+    # the backends where the mistake can show (empty: every backend); elsewhere it is not run
+    backends: tuple[str, ...] = ()
+
+    def applies_to(self, backend: str) -> bool:
+        return not self.backends or backend in self.backends
 
     @property
     def clause(self) -> str:
@@ -71,7 +76,7 @@ def defects() -> dict[str, Defect]:
     """Every seeded defect by id, in mutants.toml's order."""
     out: dict[str, Defect] = {}
     for raw in _load("mutants.toml")["defect"]:
-        d = Defect(**raw)
+        d = Defect(**{**raw, "backends": tuple(raw.get("backends", ()))})
         if not DEFECT_PATTERN.match(d.id) or d.clause not in clauses():
             raise ValueError(f"mutants.toml: {d.id!r} names no clause of the registry")
         if d.id in out:
@@ -80,8 +85,9 @@ def defects() -> dict[str, Defect]:
     return out
 
 
-def defects_of(clause: str) -> list[str]:
-    return [d.id for d in defects().values() if d.clause == clause]
+def defects_of(clause: str, backend: str | None = None) -> list[str]:
+    """The seeded defects of a clause (those that can show on `backend`, when given)."""
+    return [d.id for d in defects().values() if d.clause == clause and (backend is None or d.applies_to(backend))]
 
 
 def check_switches(compiled: list[str]) -> None:

@@ -71,8 +71,8 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
     return out
 
 
-def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, str]:
-    """(status, why) of one clause on one backend. It passes when every intact run of a check
+def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | None = None) -> tuple[str, str]:
+    """(status, why) of one clause on backend `name`. It passes when every intact run of a check
     citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
     those checks, and each of those checks caught at least one defect (a check that can fail)."""
     if backend["status"] != "available":
@@ -92,7 +92,7 @@ def clause_status(clause: str, backend: dict, cases: list[dict]) -> tuple[str, s
         if all(c["outcome"] == "not supported" for c in intact):
             return "not supported", intact[0]["message"]
         return "not covered", "no check citing it ran"
-    defects = registry.defects_of(clause)
+    defects = registry.defects_of(clause, name)  # those that can show on this backend
     if not defects:
         return "not covered", "no seeded defect shows its checks able to fail"
     caught = {c["defect"]: c for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
@@ -129,7 +129,7 @@ def aggregate(
         clauses[cid], why[cid] = {}, {}
         for name, b in backends.items():
             if cid in chosen:
-                status, reason = clause_status(cid, b, [c for c in cases if c["backend"] == name])
+                status, reason = clause_status(cid, b, [c for c in cases if c["backend"] == name], name=name)
             else:
                 status, reason = "not selected", "outside this run's clause selection"
             clauses[cid][name], why[cid][name] = status, reason

@@ -104,6 +104,10 @@ class Model(NativeHandle):
     def tensor_names(self) -> list[str]:
         return list(self._h.tensor_names())
 
+    def tensor_devices(self) -> dict[str, str]:
+        """The device each weight lives on (its buffer's device name: "CPU", "RPC0", "CUDA0", ...)."""
+        return dict(self._h.tensor_devices())
+
     @forwarding
     def tensor(self, name: str) -> np.ndarray:
         """A float32 copy of a weight tensor, outermost dimension first."""

@@ -42,15 +42,21 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def set_deadline(seconds: float) -> None:
+    """Bound each send and receive of the RPC connections made from now on (0: wait for ever).
+    Longer than the longest compute a server may take: a reply is due only after it."""
+    if isinstance(seconds, bool) or not (isinstance(seconds, (int, float)) and 0 <= seconds <= 86400):
+        raise ValueError("the deadline must be a number of seconds in [0, 86400]")
+    _native.rpc_set_timeout_ms(int(seconds * 1000))
+
+
 def connect(endpoint: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> list[Device]:
-    """Register the devices of the server at `endpoint` and return them. `deadline_s` bounds each
-    send and receive of the connections made from now on (0: wait for ever)."""
+    """Register the devices of the server at `endpoint` and return them; `deadline_s` is passed to
+    :func:`set_deadline` first."""
     parse_endpoint(endpoint)
-    if not (isinstance(deadline_s, (int, float)) and 0 <= deadline_s <= 86400):
-        raise ValueError("deadline_s must be a number of seconds in [0, 86400]")
+    set_deadline(deadline_s)
     if not _native.rpc_built():
         raise BackendError("this build has no RPC backend (RETRO_RPC=OFF)")
-    _native.rpc_set_timeout_ms(int(deadline_s * 1000))
     if _native.rpc_connect(endpoint) == 0:
         raise BackendError(f"no RPC server answers at {endpoint}")
     return [d for d in devices() if d.backend == "RPC" and d.description == endpoint]

@@ -51,3 +51,21 @@ def test_selection_by_prefix():
     assert len(registry.select(["FAIL"])) == 14 and len(registry.select(["TX-"])) == 29
     assert registry.select(None) == list(registry.clauses())
     assert registry.unknown_ids(["BASE-01", "NOPE-01"]) == ["NOPE-01"]
+
+
+def test_a_defect_that_cannot_show_on_a_backend_does_not_run_there() -> None:
+    assert "HARNESS-01" not in registry.defects_of("HARNESS-01", "cpu")
+    assert {"HARNESS-01", "HARNESS-01.absent"} <= set(registry.defects_of("HARNESS-01", "rpc"))
+    assert registry.defects_of("BASE-01", "cpu") == registry.defects_of("BASE-01", "rpc")
+
+
+def test_nmse_is_test_backend_ops_measure() -> None:
+    import numpy as np
+
+    from retro.conformance.evidence import nmse
+
+    e = np.array([1.0, -2.0, 2.0])
+    assert nmse(e, e) == 0.0
+    assert nmse(e + np.array([0.0, 0.0, 3.0]), e) == pytest.approx(1.0)  # 9 / 9
+    assert nmse(np.zeros(2), np.zeros(2)) == 0.0
+    assert nmse(np.ones(2), np.zeros(3)) == float("inf")

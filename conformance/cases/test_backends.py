@@ -1,0 +1,57 @@
+"""HARNESS-01: every clause is checked on the backend under test, and really there. The model of
+every check lives on that backend's device, what it computes agrees with the same computation on
+the CPU (the oracle, compared by NMSE as llama.cpp's test-backend-ops does), and a backend without
+a device reads "not available"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retro
+from retro.conformance import backends, support
+from retro.conformance.evidence import against_oracle, bound, expect
+
+#: NMSE tolerances against the CPU: kernels may reorder float sums, never more
+TOLERANCE = {"loss": 1e-8, "parameters": 1e-8, "logits": 1e-8}
+
+
+def _train_and_decode(backend: backends.Backend, path, ds):
+    """Two AdamW epochs and a decode: losses, parameters and logits."""
+    with support.load(backend, path) as model, support.context(model, n_ubatch=64) as ctx:
+        with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
+            losses = [tr.epoch(ds).train_loss for _ in range(2)]
+        params = model.parameters()
+        ctx.reset()
+        logits = ctx.decode(ds.tokens[0, :32])
+    return np.array(losses), params, logits
+
+
+@pytest.mark.clause("HARNESS-01")
+def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
+    with support.load(backend, model_path) as model:
+        placed = {n: d for n, d in model.tensor_devices().items() if n not in support.INPUT_LAYER}
+    wanted = backend.device_names
+    with bound("HARNESS-01"):
+        elsewhere = sorted((n, d) for n, d in placed.items() if d not in wanted)
+        assert not elsewhere, f"weights not on {backend.name} ({', '.join(sorted(wanted))}): {elsewhere[:4]}"
+
+    # an absent backend is not available: the same build with this backend's devices gone
+    built = set(retro.build_info()["backends"]) | {"cpu"}
+    listed = [d.__dict__ for d in retro.devices()]
+    present = backends.classify(built, listed)[backend.name]
+    gone = backends.classify(built, [d for d in listed if d["name"] not in wanted])[backend.name]
+    expect("HARNESS-01", present.available, f"{backend.name} has devices but reads not available")
+    expect("HARNESS-01", not gone.available, f"{backend.name} without a device reads available")
+
+    if backend.name == "cpu":
+        return  # the CPU is the oracle
+    ds = support.windows(8, 256, 512, seed)
+    on_backend = _train_and_decode(backend, model_path, ds)
+    on_cpu = _train_and_decode(support.CPU, model_path, ds)
+    against_oracle("HARNESS-01", "train loss per epoch", on_backend[0], on_cpu[0], TOLERANCE["loss"])
+    for name in sorted(on_cpu[1]):
+        against_oracle(
+            "HARNESS-01", f"{name} after 8 AdamW steps", on_backend[1][name], on_cpu[1][name], TOLERANCE["parameters"]
+        )
+    against_oracle("HARNESS-01", "logits of a 32-token decode", on_backend[2], on_cpu[2], TOLERANCE["logits"])

@@ -1,0 +1,126 @@
+"""Real faults of a remote device (the RPC backend): the server the model lives on is killed at
+every micro-batch of an epoch, stopped, or never started. Each must surface as a typed error within
+the link's deadline, poison the trainer, and never abort or hang the process (fork patches
+0017/0018); a restarted server recovers from a checkpoint. Elsewhere these faults do not exist:
+"not supported"."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import retro
+import retro.rpc
+from retro.conformance import backends, support
+from retro.conformance.evidence import against_oracle, bound, expect
+from retro.conformance.plugin import not_supported
+
+DEADLINE_S = 3.0  # of each send and receive on the links these checks make
+SLACK_S = 5.0  # a failed call may take the deadline plus this
+
+
+def _remote_only(backend: backends.Backend) -> None:
+    if backend.name != "rpc":
+        not_supported("killing the device is a fault of a remote backend only")
+
+
+def _on(server: retro.rpc.Server) -> backends.Backend:
+    """The backend of a server of this check's own (not the run's)."""
+    devices = retro.rpc.connect(server.endpoint, deadline_s=DEADLINE_S)
+    return backends.Backend("rpc", True, devices=tuple(d.__dict__ for d in devices))
+
+
+@pytest.fixture(autouse=True)
+def _default_deadline():
+    yield
+    retro.rpc.set_deadline(retro.rpc.DEFAULT_DEADLINE_S)
+
+
+def _lose_server(tr: retro.Trainer, ds: retro.TokenDataset, server: retro.rpc.Server, k: int, how: str):
+    """Train with the server lost after k micro-batches (k = 0: before the call): a ComputeError
+    naming the lost link within the deadline (FAIL-01); what happened, and the progress reports."""
+    seen: list[int] = []
+
+    def progress(p: retro.Progress) -> None:
+        seen.append(p.done)
+        if p.done == k:
+            server.kill() if how == "kill" else server.stop()
+
+    if k == 0:
+        server.kill() if how == "kill" else server.stop()
+    t0 = time.monotonic()
+    with bound("FAIL-01"), pytest.raises(retro.TrainingError) as err:
+        tr.epoch(ds, progress=progress)
+    took = time.monotonic() - t0
+    what = f"server {how}ed after micro-batch {k}"
+    expect("FAIL-01", type(err.value) is retro.ComputeError, f"{what}: {type(err.value).__name__}, not ComputeError")
+    expect("FAIL-01", "link" in str(err.value), f"{what}: no diagnostic of the lost link")
+    expect("FAIL-01", took < DEADLINE_S + SLACK_S, f"{what}: the call took {took:.1f} s")
+    return what, seen
+
+
+@pytest.mark.clause("FAIL-01", "FAIL-02", "FAIL-07")
+def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, seed):
+    """Killed before micro-batch k+1 for every k of a 4-micro-batch epoch, and stopped (SIGSTOP)
+    once: a ComputeError naming the lost link within the deadline, no progress report for the
+    failed step, a poisoned trainer that refuses every later call. A server that never ran is a
+    BackendError at connect."""
+    _remote_only(backend)
+    with support.load(backend, model_path, trainable=False) as probe:
+        ds = support.windows(4, 256, probe.n_vocab, seed + 40)
+    for how, ks in (("kill", range(4)), ("stop", [1])):
+        for k in ks:
+            with retro.rpc.Server() as server:
+                remote = _on(server)
+                with support.load(remote, model_path) as model, support.context(model) as ctx:
+                    with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3)) as tr:
+                        what, seen = _lose_server(tr, ds, server, k, how)
+                        expect("FAIL-02", seen == list(range(1, k + 1)), f"{what}: progress reports {seen}")
+                        expect("FAIL-07", tr.poisoned, f"{what}: the trainer is not poisoned")
+                        for call in (lambda: tr.epoch(ds), tr.checkpoint):
+                            with bound("FAIL-07"), pytest.raises(retro.PoisonedTrainerError):
+                                call()
+    with bound("FAIL-01"), pytest.raises(retro.BackendError):
+        retro.rpc.connect(f"{retro.rpc.LOOPBACK}:{retro.rpc.free_port()}", deadline_s=DEADLINE_S)
+
+
+@pytest.mark.clause("FAIL-08")
+def test_a_restarted_server_recovers_from_a_checkpoint(backend, model_path, seed):
+    """Train, checkpoint, lose the server mid-epoch; on a restarted server a new model and trainer
+    restore the checkpoint (parameters, moments, cursor) and train on as the CPU does from it."""
+    _remote_only(backend)
+    with support.load(backend, model_path, trainable=False) as probe:
+        first = support.windows(2, 256, probe.n_vocab, seed + 41)
+        then = support.windows(3, 256, probe.n_vocab, seed + 42)
+    adamw = retro.AdamW(lr=2e-3)
+    with retro.rpc.Server() as server:
+        with support.load(_on(server), model_path) as model, support.context(model) as ctx:
+            with retro.Trainer(ctx, optimizer=adamw) as tr:
+                tr.epoch(first)
+                ckpt = tr.checkpoint()
+                _lose_server(tr, then, server, 2, "kill")
+        server.restart()
+        with support.load(_on(server), model_path) as model, support.context(model) as ctx:
+            with retro.Trainer(ctx, optimizer=adamw) as tr:
+                tr.restore(ckpt)
+                expect("FAIL-08", tr.iteration == ckpt.iteration, f"cursor {tr.iteration} vs {ckpt.iteration}")
+                with bound("FAIL-08"):
+                    support.assert_params_equal(model.parameters(), ckpt.parameters, backend, "restored parameters")
+                for name, (m, v) in ckpt.moments.items():
+                    got = tr.moments(name)
+                    expect("FAIL-08", got is not None, f"{name}: no moments after restore")
+                    assert got is not None
+                    with bound("FAIL-08"):
+                        np.testing.assert_array_equal(got[0], m, err_msg=f"{name} first moment")
+                        np.testing.assert_array_equal(got[1], v, err_msg=f"{name} second moment")
+                tr.epoch(then)
+                resumed = model.parameters()
+    with support.load(support.CPU, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=adamw) as tr:
+            tr.restore(ckpt)
+            tr.epoch(then)
+            oracle = model.parameters()
+    for name in sorted(oracle):
+        against_oracle("FAIL-08", f"{name} resumed from the checkpoint", resumed[name], oracle[name], 1e-8)
