@@ -71,6 +71,10 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
     return out
 
 
+#: the reason of a clause whose implemented part passes while the binding lacks the rest
+PARTLY_IMPLEMENTED = "passes where implemented"
+
+
 def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | None = None) -> tuple[str, str]:
     """(status, why) of one clause on backend `name`. It passes when every intact run of a check
     citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
@@ -107,7 +111,7 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     how = "; ".join(f"{d} by {c['id']}" for d, c in caught.items())
     missing = registry.clauses()[clause].unimplemented
     if missing:
-        return "not covered", f"passes where implemented ({how}); not implemented: {missing}"
+        return "not covered", f"{PARTLY_IMPLEMENTED} ({how}); not implemented: {missing}"
     return "pass", f"{len(passed)} check run(s) passed; defects caught: {how}"
 
 

@@ -30,12 +30,13 @@ INPUT_LAYER = frozenset({"token_embd.weight"})
 CPU = Backend("cpu", True)  # the oracle
 
 
-def load(backend: Backend, path: Path, *, trainable: bool = True) -> retro.Model:
-    """The model with every layer on the backend under test (the CPU alone for "cpu")."""
+def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: int = -1) -> retro.Model:
+    """The model on the backend under test: every layer by default, `gpu_layers` of them when
+    given (0: the backend's devices present, the weights on the CPU); the CPU alone for "cpu"."""
     offload = backend.offload_devices
     if seeded("HARNESS-01"):
         offload = []  # seeded defect: the backend under test silently falls back to the CPU
-    return retro.Model.load(path, devices=offload, gpu_layers=0 if not offload else -1, trainable=trainable)
+    return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
 
 def context(

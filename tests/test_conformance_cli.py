@@ -102,3 +102,23 @@ def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
 def test_bad_arguments_exit_2(tmp_path):
     rc, _, log = certify(tmp_path, "--backend", "tpu")
     assert rc == 2 and "unknown backend" in log
+
+
+def test_the_covered_gate_fails_only_on_clauses_a_check_cites(tmp_path) -> None:
+    from retro.conformance import cli
+
+    def res(status: str, detail: str = "") -> dict:
+        return {
+            "verdict": {"cpu": "not certified"},
+            "selected": ["BASE-01", "HOST-01"],
+            "clauses": {"BASE-01": {"cpu": status}, "HOST-01": {"cpu": "not covered"}},
+            "clause_details": {"BASE-01": {"cpu": detail}, "HOST-01": {"cpu": "no check cites it"}},
+            "cases": [{"clauses": ["BASE-01"]}],
+        }
+
+    assert cli._summarize(res("pass"), tmp_path, "covered") == 0
+    assert cli._summarize(res("pass"), tmp_path, "certified") == 1  # HOST-01 keeps it uncertified
+    assert cli._summarize(res("fail"), tmp_path, "covered") == 1
+    assert cli._summarize(res("not covered", "seeded defect(s) no check caught: BASE-01"), tmp_path, "covered") == 1
+    partly = "passes where implemented (...); not implemented: x"
+    assert cli._summarize(res("not covered", partly), tmp_path, "covered") == 0

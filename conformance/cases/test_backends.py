@@ -1,7 +1,7 @@
 """HARNESS-01: every clause is checked on the backend under test, and really there. The model of
 every check lives on that backend's device, what it computes agrees with the same computation on
-the CPU (the oracle, compared by NMSE as llama.cpp's test-backend-ops does), and a backend without
-a device reads "not available"."""
+the CPU (the oracle, compared by NMSE as llama.cpp's test-backend-ops does) with none, part or all
+of the model offloaded, and a backend without a device reads "not available"."""
 
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ from retro.conformance.evidence import against_oracle, bound, expect
 TOLERANCE = {"loss": 1e-8, "parameters": 1e-8, "logits": 1e-8}
 
 
-def _train_and_decode(backend: backends.Backend, path, ds):
+#: where the weights are, with the backend's devices present: none offloaded, one layer, all
+PLACEMENTS = {"no offload": 0, "partial offload": 1, "full offload": -1}
+
+
+def _train_and_decode(backend: backends.Backend, path, ds, gpu_layers: int = -1):
     """Two AdamW epochs and a decode: losses, parameters and logits."""
-    with support.load(backend, path) as model, support.context(model, n_ubatch=64) as ctx:
+    with support.load(backend, path, gpu_layers=gpu_layers) as model, support.context(model, n_ubatch=64) as ctx:
         with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
             losses = [tr.epoch(ds).train_loss for _ in range(2)]
         params = model.parameters()
@@ -47,11 +51,18 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
     if backend.name == "cpu":
         return  # the CPU is the oracle
     ds = support.windows(8, 256, 512, seed)
-    on_backend = _train_and_decode(backend, model_path, ds)
     on_cpu = _train_and_decode(support.CPU, model_path, ds)
-    against_oracle("HARNESS-01", "train loss per epoch", on_backend[0], on_cpu[0], TOLERANCE["loss"])
-    for name in sorted(on_cpu[1]):
+    for placement, gpu_layers in PLACEMENTS.items():
+        losses, params, logits = _train_and_decode(backend, model_path, ds, gpu_layers)
+        against_oracle("HARNESS-01", f"{placement}: train loss per epoch", losses, on_cpu[0], TOLERANCE["loss"])
+        for name in sorted(on_cpu[1]):
+            against_oracle(
+                "HARNESS-01",
+                f"{placement}: {name} after 8 AdamW steps",
+                params[name],
+                on_cpu[1][name],
+                TOLERANCE["parameters"],
+            )
         against_oracle(
-            "HARNESS-01", f"{name} after 8 AdamW steps", on_backend[1][name], on_cpu[1][name], TOLERANCE["parameters"]
+            "HARNESS-01", f"{placement}: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"]
         )
-    against_oracle("HARNESS-01", "logits of a 32-token decode", on_backend[2], on_cpu[2], TOLERANCE["logits"])
