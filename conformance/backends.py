@@ -88,7 +88,7 @@ def discover() -> dict[str, Backend]:
     for endpoint in filter(None, os.environ.get(RPC_SERVERS_ENV, "").split(",")):
         try:
             retro.rpc.connect(endpoint)
-        except retro.BackendError as err:  # type: ignore[attr-defined]
+        except retro.BackendError as err:
             unreachable.append(str(err))
     out = classify(built, [d.__dict__ for d in retro.devices()])
     if unreachable and not out["rpc"].available:
