@@ -84,8 +84,10 @@ class Server:
     def start(self) -> Server:
         if self.running:
             raise RuntimeError("the server is already running")
+        # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its server so
+        no_site = ["-S"] if sys.flags.no_site else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
+            [sys.executable, *no_site, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
