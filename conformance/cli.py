@@ -51,20 +51,38 @@ def _read_log(path: Path) -> tuple[list[dict], dict | None]:
     return done, open_start
 
 
+def _progress_line(backend: str, n: int, rec: dict) -> str:
+    defect = f" [defect {rec['defect']}]" if rec.get("defect") else ""
+    return f"  {backend} {n:4}  {rec['id']}{defect}: {rec['outcome']} ({rec.get('duration_s', 0):.1f} s)"
+
+
 def _run_watched(
-    cmd: list[str], cwd: Path, env: dict[str, str], log: Path, case_timeout: float
+    cmd: list[str], cwd: Path, env: dict[str, str], log: Path, case_timeout: float, progress: str | None = None
 ) -> tuple[int, str, bool]:
-    """Run a child pytest; kill it (and whatever it started) when one case outlives case_timeout."""
+    """Run a child pytest; kill it (and whatever it started) when one case outlives case_timeout.
+    With `progress` (the backend's name), print each case as it finishes."""
+    printed = 0
+
+    def report() -> None:
+        nonlocal printed
+        done, _ = _read_log(log)
+        for rec in done[printed:]:
+            printed += 1
+            if progress:
+                print(_progress_line(progress, printed, rec), flush=True)
+
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         while proc.poll() is None:
             time.sleep(0.2)
             _, running = _read_log(log)
+            report()
             if running is not None and time.time() - running["t"] > case_timeout:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        report()
         out.seek(0)
         return proc.returncode, out.read(), timed_out
 
@@ -111,7 +129,9 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
         # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env.update(extra_env, PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-        returncode, output, timed_out = _run_watched(cmd, workdir, env, log, args.case_timeout)
+        returncode, output, timed_out = _run_watched(
+            cmd, workdir, env, log, args.case_timeout, progress=name if args.progress else None
+        )
         if args.verbose:
             sys.stdout.write(output)
         done, crashed = _read_log(log)
@@ -141,6 +161,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
             }
         )
         skip.append(crashed["nodeid"])
+        if args.progress:
+            print(f"  {name}       {crashed['id']}: crash ({what}); going on with the cases after it", flush=True)
     # every case crashing (a broken build): what ran is reported, the rest is one crash record
     cases.append(
         {
@@ -209,6 +231,13 @@ def certify(args: argparse.Namespace) -> int:
             else:
                 print(f"{name}: not available ({b.reason})", flush=True)
     expectations = {n: results.load_expectations(n) for n in requested}
+    if not (args.clauses or args.keyword):  # only a full run can tell an entry is stale
+        for n in requested:
+            stale = results.stale_expectations(n, expectations[n], cases) if found[n].available else []
+            if stale:
+                raise ValueError(
+                    f"expectations/{n}.toml: stale entries (no such case ran): " + ", ".join(e.case for e in stale)
+                )
     res = results.aggregate(run, {n: found[n].to_json() for n in requested}, cases, clause_ids, expectations)
     results.write_all(res, args.out)
     return _summarize(res, args.out, args.gate)
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    c.add_argument("-q", "--quiet", dest="progress", action="store_false", help="no line per finished case")
     c.add_argument(
         "--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)"
     )

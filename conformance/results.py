@@ -35,7 +35,8 @@ BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only 
 class Expectation:
     case: str
     result: str  # "fail" or "not supported"
-    reason: str
+    reason: str  # the backend's own bug or limit, in words
+    reference: str  # where it is tracked (an upstream issue, a driver bug)
     defect: str | None = None
 
 
@@ -49,11 +50,23 @@ def load_expectations(backend: str, folder: Path | None = None) -> list[Expectat
         text = res.read_text(encoding="utf-8") if res.is_file() else ""
     out = []
     for raw in tomllib.loads(text).get("expected", []):
-        e = Expectation(**raw)
+        try:
+            e = Expectation(**raw)
+        except TypeError as err:
+            raise ValueError(f"expectations/{backend}.toml: {raw.get('case')}: {err}") from None
         if e.result not in ("fail", "not supported"):
             raise ValueError(f"expectations/{backend}.toml: {e.case}: result must be 'fail' or 'not supported'")
+        if not e.reason.strip() or not e.reference.strip():
+            raise ValueError(f"expectations/{backend}.toml: {e.case}: an expectation needs a reason and a reference")
         out.append(e)
     return out
+
+
+def stale_expectations(backend: str, expectations: list[Expectation], cases: list[dict]) -> list[Expectation]:
+    """Expectations naming a case (and defect) that a full run on `backend` did not run: the check
+    was renamed or removed, and the entry would hide nothing but itself."""
+    ran = {(c["id"], c.get("defect")) for c in cases if c["backend"] == backend}
+    return [e for e in expectations if (e.case, e.defect) not in ran]
 
 
 def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectation]]) -> list[dict]:

@@ -82,11 +82,23 @@ def test_a_partial_run_never_certifies():
 
 
 def test_expectations_turn_failures_into_expected_ones_and_passes_into_failures():
-    exp = {"cpu": [results.Expectation(case="a", result="fail", reason="upstream bug")]}
+    exp = {"cpu": [results.Expectation(case="a", result="fail", reason="upstream bug", reference="issue 1")]}
     out = results.apply_expectations([case("a", ["BASE-01"], "fail", message="boom")], exp)
     assert out[0]["outcome"] == "expected failure" and "upstream bug" in out[0]["message"]
     out = results.apply_expectations([case("a", ["BASE-01"], "pass")], exp)
     assert out[0]["outcome"] == "fail" and "unexpected pass" in out[0]["message"]
+
+
+def test_an_expectation_needs_a_reason_and_a_reference_and_goes_stale_with_its_case(tmp_path):
+    (tmp_path / "cpu.toml").write_text('[[expected]]\ncase = "a"\nresult = "fail"\nreason = "bug"\n')
+    with pytest.raises(ValueError, match="reference"):
+        results.load_expectations("cpu", tmp_path)
+    (tmp_path / "cpu.toml").write_text('[[expected]]\ncase = "a"\nresult = "fail"\nreason = "bug"\nreference = " "\n')
+    with pytest.raises(ValueError, match="a reason and a reference"):
+        results.load_expectations("cpu", tmp_path)
+    exp = [results.Expectation(case="a", result="fail", reason="bug", reference="issue 1")]
+    assert results.stale_expectations("cpu", exp, [case("a", ["BASE-01"], "fail")]) == []
+    assert results.stale_expectations("cpu", exp, [case("b", ["BASE-01"], "fail")]) == exp
 
 
 def test_every_registry_clause_is_listed_and_the_verdict_counts_the_selection():
