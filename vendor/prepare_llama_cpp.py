@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dest", type=Path, required=True, help="folder for the prepared tree")
     ap.add_argument("--patches", type=Path, required=True, help="folder with NNNN-*.patch")
-    ap.add_argument("--backends", default="cpu", help="comma-separated backends the build compiles: cpu,rpc,cuda,vulkan")
+    ap.add_argument(
+        "--backends", default="cpu", help="comma-separated backends the build compiles: cpu,rpc,cuda,vulkan"
+    )
     ap.add_argument("--local-tree", type=Path, default=None, help="an upstream tree to use instead of the sdist")
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--exclude-patches", default="", help="comma-separated patch numbers to leave out")

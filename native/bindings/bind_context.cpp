@@ -97,7 +97,8 @@ void bind_context(py::module_ & m) {
     py::class_<Context, std::shared_ptr<Context>>(m, "Context")
             .def(py::init(&new_context), py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"),
                  py::arg("n_threads"), py::arg("adaptive_threads"))
-            .def_property_readonly("threads_now", [](const Context & self) { return llama_n_threads_batch(self.get()); })
+            .def_property_readonly("threads_now",
+                                   [](const Context & self) { return llama_n_threads_batch(self.get()); })
             .def("close", &Context::close)
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })

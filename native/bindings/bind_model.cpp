@@ -133,8 +133,9 @@ void bind_model(py::module_ & m) {
                          ggml_backend_buffer_type_t b = t->buffer ? ggml_backend_buffer_get_type(t->buffer) : nullptr;
                          ggml_backend_dev_t dev       = b ? ggml_backend_buft_get_device(b) : nullptr;
                          // host buffers made from a pointer (the loader's own CPU memory) name no device
-                         const char * where = dev ? ggml_backend_dev_name(dev) :
-                                              b && ggml_backend_buft_is_host(b) ? "CPU" : "";
+                         const char * where             = dev ? ggml_backend_dev_name(dev)
+                                                          : b && ggml_backend_buft_is_host(b) ? "CPU"
+                                                                                              : "";
                          out[py::str(ggml_get_name(t))] = where;
                      }
                      return out;

@@ -54,8 +54,7 @@ void bind_runtime(py::module_ & m) {
     m.def("rpc_built", &rpc_built);
     m.def("rpc_connect", &rpc_connect, py::arg("endpoint"), py::call_guard<py::gil_scoped_release>());
     m.def("rpc_set_timeout_ms", &rpc_set_timeout_ms, py::arg("ms"));
-    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"),
-          py::call_guard<py::gil_scoped_release>());
+    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace retro::bindings

@@ -124,7 +124,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                     stopped = true;
                     break;
                 }
-                const int64_t off    = w * r.width + k * n_ubatch;
+                const int64_t off = w * r.width + k * n_ubatch;
                 context_->threads.apply(lctx);
                 const auto t_mb      = Clock::now();
                 const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,

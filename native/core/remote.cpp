@@ -7,7 +7,7 @@
 #include <set>
 
 #if defined(RETRO_WITH_RPC)
-#    include "ggml-rpc.h"
+#include "ggml-rpc.h"
 #endif
 
 namespace retro {
