@@ -99,7 +99,8 @@ def discover() -> dict[str, Backend]:
 def discover_isolated(env: dict[str, str] | None = None) -> dict[str, Backend]:
     """discover() in a child interpreter (its GPU runtimes and connections die with it)."""
     done = subprocess.run(
-        [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", "retro.conformance.backends"],
+        # -P: this installation, not a source tree in the working directory
+        [sys.executable, "-P", *(["-S"] if sys.flags.no_site else []), "-m", "retro.conformance.backends"],
         env=env,
         capture_output=True,
         text=True,

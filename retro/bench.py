@@ -137,12 +137,26 @@ def rebuild_cost(model: Path, *, device: Device | None, threads: int, n_ubatch: 
 
 
 def rebuild_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
+    """On the CPU and every other device of the build, the RPC backend on a server of its own
+    (with as many threads as the CPU rows use): per micro-batch on each, next to the CPU."""
+    import contextlib
+
     import retro
-    from retro.testing import TinyLlamaSpec, write_tiny_llama
+    import retro.rpc
 
     print("graph rebuild per micro-batch: forward build + backward expansion + allocation, against compute")
-    backends: list[tuple[str, Device | None]] = [("CPU", None)]
-    backends += [(f"{d.backend} {d.name}", d) for d in retro.devices() if d.kind != "cpu"]
+    with contextlib.ExitStack() as stack:
+        if retro._native.rpc_built():
+            server = stack.enter_context(retro.rpc.Server(threads=CORES))
+            retro.rpc.connect(server.endpoint)
+        backends: list[tuple[str, Device | None]] = [("CPU", None)]
+        backends += [(f"{d.backend} {d.name}", d) for d in retro.devices() if d.kind != "cpu"]
+        return _rebuild_rows(folder, backends, reps=reps)
+
+
+def _rebuild_rows(folder: Path, backends: list[tuple[str, Device | None]], *, reps: int) -> list[dict[str, object]]:
+    from retro.testing import TinyLlamaSpec, write_tiny_llama
+
     rows: list[dict[str, object]] = []
     for label, spec in REBUILD_MODELS.items():
         path = write_tiny_llama(folder / f"rebuild-{len(rows)}.gguf", TinyLlamaSpec(**spec))
@@ -151,7 +165,7 @@ def rebuild_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
                 r = rebuild_cost(path, device=device, threads=CORES, n_ubatch=n_ubatch, reps=reps)
                 rows.append({"model": label, "backend": backend, "n_ubatch": n_ubatch, **r})
                 print(
-                    f"  {label:14} {backend:10} n_ubatch {n_ubatch:3}: build {r['graph_build_s'] * 1e3:6.2f} + "
+                    f"  {label:14} {backend:16} n_ubatch {n_ubatch:3}: build {r['graph_build_s'] * 1e3:6.2f} + "
                     f"backward/alloc {r['backward_alloc_s'] * 1e3:6.2f} ms vs compute {r['compute_s'] * 1e3:7.2f} ms: "
                     f"rebuild/compute {r['rebuild_over_compute_median']:.3f} (min {r['rebuild_over_compute_min']:.3f})",
                     flush=True,
@@ -164,7 +178,7 @@ def _policy_worker(model: Path, policy: str) -> subprocess.Popen[str]:
     env = {**os.environ, **extra}
     env.pop("RETRO_THREADS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD, str(model), str(threads or 0)],
+        [sys.executable, "-P", "-c", WORKLOAD, str(model), str(threads or 0)],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

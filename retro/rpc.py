@@ -20,8 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from types import TracebackType
+from typing import IO
 
 from . import _checks, _native
 from .devices import Device, devices
@@ -76,6 +78,7 @@ class Server:
         self.threads = _checks.integer("threads", threads, minimum=1, maximum=512)
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None  # the server's stderr
 
     @property
     def endpoint(self) -> str:
@@ -84,17 +87,23 @@ class Server:
     def start(self) -> Server:
         if self.running:
             raise RuntimeError("the server is already running")
-        # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its server so
-        no_site = ["-S"] if sys.flags.no_site else []
+        # -P: this installation of retro, never a source tree that happens to be the working
+        # directory; an interpreter started without site (-S) starts its server so
+        flags = ["-P", *(["-S"] if sys.flags.no_site else [])]
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs; kill() closes it
         self.process = subprocess.Popen(
-            [sys.executable, *no_site, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
+            [sys.executable, *flags, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self._log,
         )
         end = time.monotonic() + self.start_timeout_s
         while time.monotonic() < end:
             if self.process.poll() is not None:
-                raise BackendError(f"the RPC server on {self.endpoint} exited with {self.process.returncode}")
+                self._log.seek(0)
+                tail = self._log.read().decode(errors="replace").strip().splitlines()[-5:]
+                raise BackendError(
+                    f"the RPC server on {self.endpoint} exited with {self.process.returncode}: " + " | ".join(tail)
+                )
             with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), timeout=1):
                 return self
             time.sleep(0.05)
@@ -110,6 +119,9 @@ class Server:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def stop(self) -> None:
         """SIGSTOP: the server stays connected and answers nothing."""
