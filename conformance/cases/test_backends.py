@@ -14,9 +14,10 @@ from retro.conformance.evidence import against_oracle, bound, expect
 
 #: NMSE tolerances against the CPU: kernels may reorder float sums, never more. AdamW divides each
 #: gradient by its own running magnitude, so rounding differences in small gradients grow into
-#: parameter differences: 3e-6 measured on Vulkan (lavapipe) after 8 steps, against 4e-4 in the
-#: loss alone when the moments' updates are lost (HARNESS-01.state-placement)
-TOLERANCE = {"loss": 1e-8, "parameters": 1e-5, "logits": 1e-6}
+#: parameter differences: 3e-6 measured on Vulkan (lavapipe) after 8 steps, and the trained
+#: model's logits inherit them (1.6e-6), against 4e-4 in the loss alone when the moments' updates
+#: are lost (HARNESS-01.state-placement)
+TOLERANCE = {"loss": 1e-8, "parameters": 1e-5, "logits": 1e-5}
 
 
 #: where the weights are, with the backend's devices present: none offloaded, one layer, all
