@@ -10,6 +10,7 @@ import numpy as np
 
 import retro
 from retro._checks import seeded
+from retro._threads import default_threads
 from retro.testing import TinyLlamaSpec, write_tiny_llama
 
 from .backends import Backend
@@ -39,10 +40,18 @@ def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: in
     return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
 
+#: checks run at a fixed CPU thread count, never the load-following default: ggml splits the
+#: cross-entropy loss's sum across threads, so a run whose thread count changed with the machine's
+#: load reports a loss that differs in the last bits from an oracle run at another count
+#: (parameters are bitwise equal either way: measured at 1 and 2 threads)
+CHECK_THREADS = default_threads()[0]
+
+
 def context(
     model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256, n_threads: int | None = None
 ) -> retro.Context:
-    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=n_threads)
+    threads = CHECK_THREADS if n_threads is None else n_threads
+    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=threads)
 
 
 def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenDataset:
