@@ -5,6 +5,10 @@
 - rebuild: where a training micro-batch spends its time (the fork's step timer): rebuilding the
   graph (forward build, backward expansion, allocation) against computing it, on the tiny model
   and a 6-layer, 256-wide one, on the CPU and every other device the build has.
+- transactions: decode and generation with tensor transactions against the same context without
+  them: one read-only selector with a handler, one retained without a handler, one mutable, and
+  every layer's output retained; also while another Python thread keeps the interpreter busy
+  (the ask phase and handler-less selectors never take the GIL).
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
   spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
   settings once, at load), taking turns epoch by epoch.
@@ -173,6 +177,107 @@ def _rebuild_rows(folder: Path, backends: list[tuple[str, Device | None]], *, re
     return rows
 
 
+def _transaction_setups(profile: object, n_layer: int) -> dict[str, tuple[list[object], object]]:
+    """(selectors, handler) of each measured configuration, by name."""
+    from retro.transactions import Profile
+
+    assert isinstance(profile, Profile)
+    mid = f"l_out-{n_layer // 2}"
+
+    def nothing(t: object) -> None:
+        pass
+
+    def steer(t: object) -> None:
+        t.data += 0.0  # type: ignore[attr-defined]
+
+    return {
+        "one read-only selector, handler": ([profile.select(mid)], nothing),
+        "one selector retained, no handler": ([profile.select(mid, retain=True)], None),
+        "one mutable-f32 selector": ([profile.select(mid, access="mutable-f32")], steer),
+        "every layer's output retained": (
+            [profile.select(f"l_out-{i}", retain=True) for i in range(n_layer - 1)],
+            None,
+        ),
+    }
+
+
+def transaction_costs(model: Path, *, threads: int, reps: int, busy_interpreter: bool) -> dict[str, dict[str, float]]:
+    """Seconds of a 64-token decode and of a 32-token greedy generation per configuration (min
+    and median over repetitions, configurations alternating), and their ratios to no transactions."""
+    import threading
+
+    import retro
+    from retro.transactions import Profile, TensorTransactions
+
+    stop = threading.Event()
+
+    def spin() -> None:  # a Python thread that wants the GIL all the time
+        while not stop.is_set():
+            pass
+
+    with retro.Model.load(model, devices=[]) as m:
+        profile = Profile.record(m)
+        setups: dict[str, tuple[list[object], object]] = {"no transactions": ([], None)}
+        setups.update(_transaction_setups(profile, m.n_layer))
+        contexts = {}
+        for name, (selectors, handler) in setups.items():
+            tx = TensorTransactions(profile, selectors, handler, retained_limit=1 << 30) if selectors else None  # type: ignore[arg-type]
+            contexts[name] = retro.Context(m, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=threads, transactions=tx)
+        prompt = np.random.default_rng(2).integers(0, m.n_vocab, size=64)
+        times: dict[str, dict[str, list[float]]] = {n: {"decode": [], "generate": []} for n in setups}
+        spinner = threading.Thread(target=spin, daemon=True)
+        if busy_interpreter:
+            spinner.start()
+        try:
+            for _ in range(reps + 1):  # the first round warms up
+                for name, ctx in contexts.items():
+                    ctx.reset()
+                    t = time.perf_counter()
+                    ctx.decode(prompt)
+                    times[name]["decode"].append(time.perf_counter() - t)
+                    ctx.reset()
+                    t = time.perf_counter()
+                    ctx.generate(prompt[:8], 32, stop_at_eog=False)
+                    times[name]["generate"].append(time.perf_counter() - t)
+                    ctx.drain_captures()
+        finally:
+            stop.set()
+            for ctx in contexts.values():
+                ctx.close()
+    out: dict[str, dict[str, float]] = {}
+    base = times["no transactions"]
+    for name, t in times.items():
+        row: dict[str, float] = {}
+        for what in ("decode", "generate"):
+            runs, ref = t[what][1:], base[what][1:]
+            row[f"{what}_s_min"] = min(runs)
+            row[f"{what}_ratio_min"] = min(runs) / min(ref)
+            row[f"{what}_ratio_median"] = statistics.median(runs) / statistics.median(ref)
+        out[name] = row
+    return out
+
+
+def transaction_table(folder: Path, *, reps: int) -> dict[str, object]:
+    from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+    report: dict[str, object] = {}
+    for label, spec in REBUILD_MODELS.items():
+        model = write_tiny_llama(folder / f"tx-{len(report)}.gguf", TinyLlamaSpec(**spec))
+        for busy in (False, True):
+            key = f"{label}{', busy interpreter' if busy else ''}"
+            rows = transaction_costs(model, threads=min(CORES, 2), reps=reps, busy_interpreter=busy)
+            report[key] = rows
+            print(f"tensor transactions, {key}: time / no transactions (min, median)")
+            for name, r in rows.items():
+                print(
+                    f"  {name:36} decode 64 tokens x{r['decode_ratio_min']:.3f} x{r['decode_ratio_median']:.3f}"
+                    f" ({r['decode_s_min'] * 1e3:.2f} ms)   generate 32 x{r['generate_ratio_min']:.3f}"
+                    f" x{r['generate_ratio_median']:.3f} ({r['generate_s_min'] * 1e3:.1f} ms)",
+                    flush=True,
+                )
+    return report
+
+
 def _policy_worker(model: Path, policy: str) -> subprocess.Popen[str]:
     extra, threads = POLICIES[policy]
     env = {**os.environ, **extra}
@@ -263,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--skip", action="append", default=[], choices=["loop", "rebuild", "load"])
+    ap.add_argument("--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "load"])
     args = ap.parse_args(argv)
     report: dict[str, object] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -286,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             report["loop"] = rows
         if "rebuild" not in args.skip:
             report["rebuild"] = rebuild_table(Path(tmp), reps=args.reps)
+        if "transactions" not in args.skip:
+            report["transactions"] = transaction_table(Path(tmp), reps=args.reps)
         if "load" not in args.skip:
             report["load"] = load_table(model, reps=args.reps)
     if args.json:

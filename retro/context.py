@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import weakref
+from collections.abc import Iterator
+
 import numpy as np
 
-from . import _checks, _native, _threads
+from . import _checks, _native, _threads, errors
 from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .model import Model
+from .transactions import Capture, Generation, TensorTransactions, TransactionFailure
+
+# Python need not free objects left alive at interpreter shutdown: a context whose tensor
+# transactions hold a Python handler is closed at exit, so that llama_free runs and then the
+# callback state (and the handler) is released while the interpreter is still whole.
+_WITH_TRANSACTIONS: weakref.WeakSet[Context] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for ctx in list(_WITH_TRANSACTIONS):
+        with contextlib.suppress(Exception):
+            ctx.close()
 
 
 class Context(NativeHandle):
@@ -27,6 +45,7 @@ class Context(NativeHandle):
         n_batch: int | None = None,
         n_ubatch: int | None = None,
         n_threads: int | None = None,
+        transactions: TensorTransactions | None = None,
     ) -> None:
         if not isinstance(model, Model):
             raise TypeError("model must be a retro.Model")
@@ -42,13 +61,23 @@ class Context(NativeHandle):
         )
         if model.closed:
             raise ValueError("the model is closed")
+        if transactions is not None:
+            if not isinstance(transactions, TensorTransactions):
+                raise TypeError("transactions must be a retro.transactions.TensorTransactions")
+            transactions.profile.validate(model)
         self.model = model
         self.n_threads = threads
         """The most CPU threads a compute gets (all of them unless ``adaptive_threads``)."""
         self.adaptive_threads = adaptive
         """Whether each compute gets only the cores no other runnable task holds (the default
         when neither ``n_threads`` nor RETRO_THREADS names a count)."""
-        self._h = forwarding(_native.Context)(model._h, n_ctx, n_batch, n_ubatch, threads, adaptive)
+        self.transactions = transactions
+        """The tensor transactions this context took when it was created, if any."""
+        self._h = forwarding(_native.Context)(
+            model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, transactions._h if transactions else None
+        )
+        if transactions is not None:
+            _WITH_TRANSACTIONS.add(self)
 
     @property
     def n_ctx(self) -> int:
@@ -85,13 +114,92 @@ class Context(NativeHandle):
     @forwarding
     def decode(self, tokens: np.ndarray | list[int]) -> np.ndarray:
         """Append tokens to the sequence; returns their logits, float32 [len(tokens), n_vocab].
-        The GIL is released while the backend computes."""
+        The GIL is released while the backend computes.
+
+        With tensor transactions, a failed transaction raises TensorCallbackError (with
+        `failure`) after the decode ran: the tokens stay in the KV cache."""
         ids = _checks.token_array("tokens", tokens, self.model.n_vocab, ndim=1)
         if ids.size > self.n_batch:
             raise ValueError(f"{ids.size} tokens exceed n_batch={self.n_batch}")
         if self.n_past + ids.size > self.n_ctx:
             raise ValueError(f"{self.n_past} + {ids.size} tokens exceed n_ctx={self.n_ctx}; call reset()")
-        return self._h.decode(ids)
+        with self._transaction_errors():
+            return self._h.decode(ids)
+
+    @forwarding
+    def generate(
+        self,
+        prompt: np.ndarray | list[int],
+        max_new: int,
+        *,
+        temperature: float = 0.0,
+        seed: int = 0,
+        stop_at_eog: bool = True,
+        draft: Context | None = None,
+        n_draft: int = 4,
+    ) -> Generation:
+        """Append `prompt` and generate up to `max_new` tokens, natively: one call, one decode per
+        token (greedy at temperature 0, else sampled with `seed`). With a `draft` context on a
+        model of the same vocabulary, greedy speculative decoding: the draft proposes `n_draft`
+        tokens and this context checks them in one decode; the tokens are the greedy ones. Both
+        sequences must be empty. Every internal decode runs through each context's tensor
+        transactions; a failed one raises with `.tokens`, the tokens generated before it."""
+        ids = _checks.token_array("prompt", prompt, self.model.n_vocab, ndim=1)
+        max_new = _checks.integer("max_new", max_new, minimum=1, maximum=self.n_ctx)
+        if not isinstance(temperature, (int, float)) or not 0.0 <= float(temperature) <= 100.0:
+            raise ValueError("temperature must be a number in [0, 100]")
+        seed = _checks.integer("seed", seed, minimum=0, maximum=2**32 - 1)
+        n_draft = _checks.integer("n_draft", n_draft, minimum=1, maximum=64)
+        if ids.size < 1 or ids.size > self.n_batch:
+            raise ValueError(f"the prompt must have 1 to n_batch={self.n_batch} tokens")
+        if self.n_past + ids.size + max_new > self.n_ctx:
+            raise ValueError(f"{self.n_past} + {ids.size} + {max_new} tokens exceed n_ctx={self.n_ctx}")
+        if draft is not None:
+            if not isinstance(draft, Context) or draft is self:
+                raise TypeError("draft must be another retro.Context")
+            if float(temperature) != 0.0:
+                raise ValueError("speculative generation is greedy: temperature must be 0")
+            if draft.model.n_vocab != self.model.n_vocab:
+                raise ValueError("the draft model's vocabulary differs from this model's")
+            if self.n_past or draft.n_past:
+                raise ValueError("speculative generation starts on empty sequences: reset() both contexts")
+            if ids.size + max_new + n_draft > min(draft.n_ctx, self.n_ctx) or n_draft + 1 > self.n_batch:
+                raise ValueError("the prompt, max_new and n_draft do not fit both contexts")
+        with self._transaction_errors(draft):
+            tokens, decodes, drafted, accepted = self._h.generate(
+                ids.tolist(), max_new, float(temperature), seed, stop_at_eog, draft._h if draft else None, n_draft
+            )
+        return Generation(list(tokens), int(decodes), int(drafted), int(accepted))
+
+    def drain_captures(self) -> list[Capture]:
+        """The retained captures committed since the last drain, in decode order; frees their bytes."""
+        return [
+            Capture(name, int(decode), positions, data) for name, decode, positions, data in self._h.drain_captures()
+        ]
+
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes of committed, undrained captures (at most the transactions' retained_limit)."""
+        return int(self._h.retained_bytes)
+
+    @property
+    def transaction_failure(self) -> TransactionFailure | None:
+        """The first failed tensor transaction of this context (sticky), if any."""
+        raw = _native.tx_failure_tuple(self._h)
+        return None if raw is None else TransactionFailure(*raw)
+
+    def sequence_state(self) -> bytes:
+        """llama.cpp's serialization of the sequence (positions and K/V cache contents)."""
+        return bytes(self._h.sequence_state())
+
+    @contextlib.contextmanager
+    def _transaction_errors(self, draft: Context | None = None) -> Iterator[None]:
+        try:
+            yield
+        except errors.TensorCallbackError as e:
+            failures = [c.transaction_failure for c in (self, draft) if c is not None]
+            e.failure = next((f for f in failures if f is not None), TransactionFailure("unknown", "", "", str(e), ""))
+            raise
 
     def reset(self) -> None:
         """Forget the sequence: the next decode starts at position 0."""

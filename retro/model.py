@@ -85,6 +85,11 @@ class Model(NativeHandle):
     def n_embd(self) -> int:
         return int(self._h.n_embd)
 
+    @property
+    def architecture(self) -> str:
+        """The model's general.architecture (e.g. "llama")."""
+        return str(self._h.architecture)
+
     # -- tokens -------------------------------------------------------------------------------
     @forwarding
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:

@@ -1,19 +1,53 @@
 // retro._native.Context
+#include "bind_transactions.h"
 #include "bindings.h"
+#include "decoding.h"
+#include "graph_probe.h"
 #include "handles.h"
 #include "logging.h"
 
+#include <pybind11/stl.h>
+
 #include <cstring>
-#include <string>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace py = pybind11;
 
 namespace retro::bindings {
 namespace {
 
+// One decode, generation or close at a time per context, waited for without the GIL. A call from
+// the thread already inside (a handler calling back into its own context) is refused.
+class Busy {
+public:
+    explicit Busy(Context & c) : c_(c) {
+        if (c.owner.load() == std::this_thread::get_id()) {
+            throw Error(ErrorKind::InvalidState, "a tensor-transaction handler may not call into its own context");
+        }
+        {
+            py::gil_scoped_release release;
+            lock_ = std::unique_lock<std::mutex>(c.busy);
+        }
+        c.owner = std::this_thread::get_id();
+    }
+    ~Busy() { c_.owner = std::thread::id(); }
+    Busy(const Busy &)             = delete;
+    Busy & operator=(const Busy &) = delete;
+
+private:
+    Context & c_;
+    std::unique_lock<std::mutex> lock_;
+};
+
 std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                                     int32_t n_threads, bool adaptive_threads) {
+                                     int32_t n_threads, bool adaptive_threads,
+                                     std::shared_ptr<PendingTransactions> transactions) {
+    if (transactions && llama_context_params_size() != sizeof(llama_context_params)) {
+        throw Error(ErrorKind::Context,
+                    "the llama library was built from another llama.h (decode hooks ABI): rebuild retro");
+    }
     llama_context_params params = llama_context_default_params();
     params.n_ctx                = n_ctx;
     params.n_batch              = n_batch;
@@ -25,6 +59,9 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     auto context                = std::make_shared<Context>();
     context->model              = model;
     context->threads            = ThreadGovernor(n_threads, adaptive_threads);
+    if (transactions) {
+        install(*context, params, *transactions);
+    }
     clear_recent_errors();
     {
         py::gil_scoped_release release;
@@ -37,48 +74,77 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     return context;
 }
 
+std::string failure_text(const tx::Failure & f) {
+    std::string text = "tensor transaction failed (" + f.kind + (f.node.empty() ? "" : ", node '" + f.node + "'") + ")";
+    if (!f.type.empty()) {
+        text += ": " + f.type;
+    }
+    return text + ": " + f.message;
+}
+
+// After a decode (or a generation's decodes) on c: raise what the transactions or llama.cpp report.
+void check_outcome(Context & c, int32_t rc, int32_t n_past_before) {
+    if (c.transactions) {
+        const tx::Transactions & t = *c.transactions;
+        if (t.last_refused()) {
+            throw Error(ErrorKind::CaptureLimit, "the decode's retained captures would take the undrained ones past " +
+                                                         std::to_string(t.retained_limit()) + " bytes (" +
+                                                         std::to_string(t.retained_bytes()) +
+                                                         " held): drain them first");
+        }
+        if (t.failed() && !retro_defect_on(RETRO_DEFECT_TX_FAIL_04)) {       // seeded defect: only rc is looked at
+            if (retro_defect_on(RETRO_DEFECT_TX_FAIL_05) && t.last_ran()) {  // seeded defect: rolled back
+                llama_memory_seq_rm(llama_get_memory(c.ctx), 0, n_past_before, -1);
+                c.n_past = n_past_before;
+            }
+            throw Error(ErrorKind::TensorCallback, failure_text(t.failure()));
+        }
+    }
+    if (rc != 0) {
+        throw Error(ErrorKind::Decode, with_diagnostic("llama_decode returned " + std::to_string(rc)));
+    }
+}
+
 py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> tokens) {
+    Busy busy(c);
     llama_context * ctx   = c.get();
     const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c.model->get()));
     if (tokens.ndim() != 1 || tokens.size() <= 0 || (size_t) tokens.size() > llama_n_batch(ctx) ||
         (int64_t) c.n_past + tokens.size() > (int64_t) llama_n_ctx(ctx)) {
         throw std::invalid_argument("tokens must be 1-D, non-empty, at most n_batch long and fit the context");
     }
-    const int32_t n   = (int32_t) tokens.size();
-    llama_batch batch = llama_batch_init(n, 0, 1);
-    std::unique_ptr<llama_batch, void (*)(llama_batch *)> guard(&batch, [](llama_batch * b) { llama_batch_free(*b); });
+    const int32_t n     = (int32_t) tokens.size();
     const int32_t * tok = tokens.data();
     for (int32_t i = 0; i < n; ++i) {
         if (tok[i] < 0 || tok[i] >= n_vocab) {
             throw std::invalid_argument("token id out of range");
         }
-        batch.token[i]     = tok[i];
-        batch.pos[i]       = c.n_past + i;
-        batch.n_seq_id[i]  = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i]    = 1;
     }
-    batch.n_tokens = n;
+    const int32_t before = c.n_past;
     clear_recent_errors();
     int32_t rc;
     std::string thrown;
     {
         py::gil_scoped_release release;
-        c.threads.apply(ctx);
-        try {
-            rc = llama_decode(ctx, batch);
-        } catch (const std::exception & e) {  // e.g. compute buffers that cannot be reserved
-            rc     = -1;
-            thrown = e.what();
+        const bool bracket = c.transactions && retro_defect_on(RETRO_DEFECT_TX_OWN_05);  // seeded defect
+        if (bracket && !tx::Transactions::decode_begin(c.transactions.get(), n)) {
+            rc = LLAMA_DECODE_HOOK_FAILED;
+        } else {
+            try {
+                rc = decode_tokens(c, tok, n, std::vector<int8_t>((size_t) n, 1));
+            } catch (const std::exception & e) {  // e.g. compute buffers that cannot be reserved
+                rc     = -1;
+                thrown = e.what();
+            }
+            if (bracket && !tx::Transactions::decode_end(c.transactions.get(), rc) && rc == 0) {
+                rc = LLAMA_DECODE_HOOK_FAILED;
+            }
         }
     }
     if (!thrown.empty()) {
         throw Error(ErrorKind::Decode, with_diagnostic("llama_decode failed: " + thrown));
     }
-    if (rc != 0) {
-        throw Error(ErrorKind::Decode, with_diagnostic("llama_decode returned " + std::to_string(rc)));
-    }
-    c.n_past += n;
+    check_outcome(c, rc, before);
     py::array_t<float> logits({(py::ssize_t) n, (py::ssize_t) n_vocab});
     float * out = logits.mutable_data();
     for (int32_t i = 0; i < n; ++i) {
@@ -91,15 +157,70 @@ py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> 
     return logits;
 }
 
+// (tokens, decodes, drafted, accepted); a failed decode raises after the tokens generated so far
+// are attached to the error as `.tokens`.
+py::tuple generate(Context & c, const std::vector<int32_t> & prompt, int32_t max_new, float temperature, uint32_t seed,
+                   bool stop_at_eog, std::shared_ptr<Context> draft, int32_t n_draft) {
+    Busy busy(c);
+    std::optional<Busy> draft_busy;
+    if (draft) {
+        draft_busy.emplace(*draft);
+        draft->get();
+    }
+    c.get();
+    const int32_t before       = c.n_past;
+    const int32_t draft_before = draft ? draft->n_past : 0;
+    clear_recent_errors();
+    Generation g;
+    {
+        py::gil_scoped_release release;
+        g = retro::generate(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft);
+    }
+    if (g.failed) {
+        try {
+            // seeded defect HARNESS-04.handler: only the target's transactions are looked at
+            Context & failed = retro_defect_on(RETRO_DEFECT_HARNESS_04_HANDLER) ? c : *g.failed;
+            check_outcome(failed, g.status, &failed == &c ? before : draft_before);
+        } catch (Error & e) {
+            py::object cls     = py::module_::import("retro.errors").attr(python_class_of(e.kind));
+            py::object err     = cls(e.what());
+            err.attr("tokens") = py::cast(g.tokens);
+            PyErr_SetObject(cls.ptr(), err.ptr());
+            throw py::error_already_set();
+        }
+    }
+    return py::make_tuple(g.tokens, g.decodes, g.drafted, g.accepted);
+}
+
 }  // namespace
 
 void bind_context(py::module_ & m) {
+    m.def(
+            "probe_graph",
+            [](const Model & model, int32_t n_tokens, int32_t n_outputs, int32_t n_threads) {
+                std::vector<GraphNode> nodes;
+                {
+                    py::gil_scoped_release release;
+                    nodes = probe_graph(model.get(), n_tokens, n_outputs, n_threads);
+                }
+                py::list out;
+                for (const auto & n : nodes) {
+                    out.append(py::make_tuple(n.name, ggml_type_name((ggml_type) n.type),
+                                              py::make_tuple(n.ne[0], n.ne[1], n.ne[2], n.ne[3]), n.contiguous));
+                }
+                return out;
+            },
+            py::arg("model"), py::arg("n_tokens"), py::arg("n_outputs"), py::arg("n_threads"));
     py::class_<Context, std::shared_ptr<Context>>(m, "Context")
             .def(py::init(&new_context), py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"),
-                 py::arg("n_threads"), py::arg("adaptive_threads"))
+                 py::arg("n_threads"), py::arg("adaptive_threads"), py::arg("transactions") = nullptr)
             .def_property_readonly("threads_now",
                                    [](const Context & self) { return llama_n_threads_batch(self.get()); })
-            .def("close", &Context::close)
+            .def("close",
+                 [](Context & self) {
+                     Busy busy(self);
+                     self.close();
+                 })
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })
             .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
@@ -112,7 +233,33 @@ void bind_context(py::module_ & m) {
                     [](const Context & self) { return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1; })
             .def_readonly("has_trainer", &Context::has_trainer)
             .def("decode", &decode, py::arg("tokens"))
+            .def("generate", &generate, py::arg("prompt"), py::arg("max_new"), py::arg("temperature"), py::arg("seed"),
+                 py::arg("stop_at_eog"), py::arg("draft"), py::arg("n_draft"))
+            .def("drain_captures", [](Context & self) { return drain_captures(self); })
+            .def_property_readonly("transactions_address",
+                                   [](const Context & self) { return (uintptr_t) self.transactions.get(); })
+            .def_property_readonly(
+                    "eval_callback_user_data",
+                    [](const Context & self) { return (uintptr_t) llama_get_eval_callback_user_data(self.get()); })
+            .def_property_readonly(
+                    "retained_bytes",
+                    [](const Context & self) { return self.transactions ? self.transactions->retained_bytes() : 0; })
+            .def_property_readonly(
+                    "decodes",
+                    [](const Context & self) { return self.transactions ? self.transactions->decodes() : 0; })
+            .def("sequence_state",
+                 [](Context & self) {
+                     // llama.cpp's own serialization of sequence 0 (positions and K/V): what the
+                     // context will compute on from here
+                     Busy busy(self);
+                     const size_t size = llama_state_seq_get_size(self.get(), 0);
+                     std::string out(size, '\0');
+                     const size_t n = llama_state_seq_get_data(self.get(), (uint8_t *) out.data(), size, 0);
+                     out.resize(n);
+                     return py::bytes(out);
+                 })
             .def("reset", [](Context & self) {
+                Busy busy(self);
                 llama_memory_clear(llama_get_memory(self.get()), true);
                 self.n_past = 0;
             });

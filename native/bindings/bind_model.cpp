@@ -114,6 +114,13 @@ void bind_model(py::module_ & m) {
                                    [](const Model & self) { return llama_model_n_ctx_train(self.get()); })
             .def_property_readonly("n_layer", [](const Model & self) { return llama_model_n_layer(self.get()); })
             .def_property_readonly("n_embd", [](const Model & self) { return llama_model_n_embd(self.get()); })
+            .def_property_readonly("architecture",
+                                   [](const Model & self) {
+                                       char buf[128] = {};
+                                       const int n   = llama_model_meta_val_str(self.get(), "general.architecture", buf,
+                                                                                sizeof(buf));
+                                       return std::string(n > 0 ? buf : "");
+                                   })
             .def("tokenize", &tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
             .def("detokenize", &detokenize, py::arg("tokens"), py::arg("render_special"))
             .def("tensor_names",

@@ -15,6 +15,7 @@ void bind_model(pybind11::module_ & m);
 void bind_context(pybind11::module_ & m);
 void bind_trainer(pybind11::module_ & m);
 void bind_hooks(pybind11::module_ & m);
+void bind_transactions(pybind11::module_ & m);
 
 // a float32 copy of a tensor (any backend), shaped outermost first
 pybind11::array_t<float> tensor_to_numpy(const ggml_tensor * t);

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_native, m) {
     bind_errors(m);
     bind_runtime(m);
     bind_model(m);
+    bind_transactions(m);
     bind_context(m);
     bind_trainer(m);
     bind_hooks(m);

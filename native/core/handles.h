@@ -5,10 +5,15 @@
 
 #include "errors.h"
 #include "llama.h"
+#include "retro-hooks.h"
 #include "thread_governor.h"
+#include "transactions.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -47,14 +52,25 @@ struct Context {
     int32_t n_past      = 0;      // tokens of sequence 0 in the KV cache
     bool has_trainer    = false;  // llama_opt_init holds the context until the trainer closes
     ThreadGovernor threads;       // the CPU threads of each compute
+    // The tensor-transaction state llama.cpp calls back into: its address is the context's
+    // eval-callback and decode-hook user data, so it is released only after llama_free.
+    std::unique_ptr<tx::Transactions> transactions;
+    // Decodes, generations and close are serialized; `owner` is the thread inside one, so that a
+    // call from that thread (a handler calling back into its own context) is refused, not deadlocked.
+    std::mutex busy;
+    std::atomic<std::thread::id> owner{};
 
     ~Context() { close(); }
     void close() {
+        if (retro_defect_on(RETRO_DEFECT_TX_OWN_03)) {  // seeded defect: the callback state goes first
+            transactions.reset();
+        }
         if (ctx) {
             llama_free(ctx);
             ctx = nullptr;
             model->open_contexts -= 1;
         }
+        transactions.reset();
     }
     llama_context * get() const {
         if (!ctx) {
