@@ -52,7 +52,7 @@ def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
     rc, res, log = certify(tmp_path, "--backend", "all")
     assert rc == 1, log
     assert res["verdict"]["cpu"] == "not certified"
-    assert res["clauses"]["TX-ACC-09"]["cpu"] == "not covered"
+    assert res["clauses"]["TOPO-01"]["cpu"] == "not covered"
     for name in ("cuda", "vulkan", "metal"):
         if res["backends"][name]["status"] != "available":
             assert res["verdict"][name] == "not available"
