@@ -19,7 +19,7 @@ from .backends import Backend
 GPU_RTOL, GPU_ATOL = 1e-4, 1e-6
 
 
-def model_file(folder: Path, seed: int, **spec: int) -> Path:
+def model_file(folder: Path, seed: int, **spec: float) -> Path:
     path = folder / f"tiny-{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(spec.items()))}.gguf"
     if not path.exists():
         write_tiny_llama(path, TinyLlamaSpec(seed=seed, **spec))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -17,7 +18,9 @@ from .transactions import Capture, Generation, TensorTransactions, TransactionFa
 
 # Python need not free objects left alive at interpreter shutdown: a context whose tensor
 # transactions hold a Python handler is closed at exit, so that llama_free runs and then the
-# callback state (and the handler) is released while the interpreter is still whole.
+# callback state (and the handler) is released while the interpreter is still whole. A daemon
+# thread still inside one of its calls is let out before finalization begins: past that point
+# Python ends such a thread where it next takes the GIL, which may be inside native code.
 _WITH_TRANSACTIONS: weakref.WeakSet[Context] = weakref.WeakSet()
 
 
@@ -26,6 +29,9 @@ def _close_at_exit() -> None:
     for ctx in list(_WITH_TRANSACTIONS):
         with contextlib.suppress(Exception):
             ctx.close()
+        deadline = time.monotonic() + 5.0
+        while ctx._h.callers > 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 class Context(NativeHandle):

@@ -19,6 +19,7 @@ sticky, refusing every later decode. Nothing is matched by prefix, coerced or in
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -400,3 +401,27 @@ def _dispatcher(handler: Handler | None) -> Callable[..., None] | None:
         handler(Transaction(name, decode, ubatch, first_row, positions, data))
 
     return dispatch
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``retro-profile MODEL --out PROFILE``: record and save the profile of a model on a backend."""
+    ap = argparse.ArgumentParser(
+        prog="retro-profile",
+        description="Record the tensor-transaction profile of a model (llama.cpp pin, architecture, "
+        "backend, and every node of a decode's graph) for selectors to be bound to.",
+    )
+    ap.add_argument("model", type=Path, help="a GGUF file")
+    ap.add_argument("--out", type=Path, required=True, help="where to write the profile (JSON)")
+    ap.add_argument("--device", type=int, action="append", default=None, help="offload device index (repeatable)")
+    ap.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload (-1: all)")
+    args = ap.parse_args(argv)
+    devices = [] if args.device is None else args.device
+    with Model.load(args.model, devices=devices, gpu_layers=args.gpu_layers if devices else 0) as model:
+        profile = Profile.record(model)
+    profile.save(args.out)
+    selectable = [n for n in profile.nodes.values() if n.why_not_selectable is None]
+    print(f"{args.out}: llama.cpp {profile.pin}, {profile.architecture} on {', '.join(profile.backend)}")
+    print(f"{len(profile.nodes)} node names, {len(selectable)} selectable:")
+    for n in selectable:
+        print(f"  {n.name:28} {n.dtype} x {n.row_elements} per {'token' if n.rows == 'tokens' else 'output'}")
+    return 0

@@ -125,3 +125,12 @@ def test_a_transaction_failure_reaches_the_caller_with_its_description(model, pr
         assert (f.kind, f.node, f.type) == ("handler", "l_out-0", "builtins.LookupError")
         assert "no steering vector for l_out-0" in f.message and "handler" in f.traceback
         assert ctx.transaction_failure == f
+
+
+def test_the_profile_command_writes_a_profile_the_model_validates_against(model_path, tmp_path, capsys):
+    from retro.transactions import main
+
+    assert main([str(model_path), "--out", str(tmp_path / "p.json")]) == 0
+    assert "selectable" in capsys.readouterr().out
+    with retro.Model.load(model_path, devices=[]) as m:
+        Profile.load(tmp_path / "p.json").validate(m)

@@ -32,6 +32,7 @@ from retro.unsafe import TensorCapture
 N_UBATCH = 4
 TOKENS = list(range(3, 13))  # 10 tokens: micro-batches of 4, 4 and 2
 SPLIT = [(0, 4), (4, 4), (8, 2)]  # (first row, rows) of each micro-batch
+DRAFT_NOISE = 1.0  # the draft: the model with noise in its last FFN, so it agrees in part
 
 
 @pytest.fixture
@@ -119,7 +120,7 @@ def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
 
 _CHILD = textwrap.dedent(
     """
-    import gc, os, sys
+    import gc, os, sys, threading, time
     import retro, retro._native as native
     from retro.conformance import backends, support
     from retro.transactions import Profile, TensorTransactions
@@ -129,9 +130,12 @@ _CHILD = textwrap.dedent(
         native.hooks.set_defect(defect, True)
     backend = backends.discover()[backend_name]
 
+    in_handler = threading.Event()
+
     class Handler:
         def __call__(self, t):
-            pass
+            in_handler.set()
+            time.sleep(0.01)
         def __del__(self, write=os.write, logs=native.drain_logs):
             # llama.cpp's destructor logs from ~llama_context; the state is released after it
             freed = any("~llama_context" in line for _, line in logs())
@@ -149,7 +153,18 @@ _CHILD = textwrap.dedent(
         ctx.cycle = ctx  # only the cycle collector can free it
         del ctx
         gc.collect()
-    # "exit": left to interpreter shutdown
+    elif mode == "mid-use":  # the interpreter exits while another thread is decoding
+        def decode_forever():
+            while True:
+                try:
+                    ctx.reset()
+                    ctx.decode(list(range(3, 13)))
+                except retro.RetroError:
+                    return
+        in_handler.clear()
+        threading.Thread(target=decode_forever, daemon=True).start()
+        in_handler.wait()
+    # "exit" and "mid-use": left to interpreter shutdown
     """
 )
 
@@ -157,11 +172,12 @@ _CHILD = textwrap.dedent(
 @pytest.mark.clause("TX-OWN-03")
 def test_the_native_context_is_freed_before_the_callback_state(backend, model_path):
     """In a child interpreter under -X dev, the handler's finalizer (run when the callback state
-    lets it go) looks for llama.cpp's own destructor lines: closed, collected as garbage, and left
-    to interpreter shutdown, the native context is always freed first, and the child exits cleanly."""
+    lets it go) looks for llama.cpp's own destructor lines: closed, collected as garbage, left to
+    interpreter shutdown, and left there while another thread is inside a decode, the native
+    context is always freed first, and the child exits cleanly."""
     env = dict(os.environ)
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
-    for mode in ("close", "gc", "exit"):
+    for mode in ("close", "gc", "exit", "mid-use"):
         run = subprocess.run(
             [sys.executable, "-X", "dev", "-c", _CHILD, mode, str(model_path), backend.name, defects],
             capture_output=True,
@@ -169,7 +185,8 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
             timeout=120,
             env=env,
         )
-        expect("TX-OWN-03", run.returncode == 0, f"{mode}: exit {run.returncode}: {run.stderr[-600:]}")
+        crashed = [m for m in ("Fatal Python error", "terminate called", "ptrace", "Aborted") if m in run.stderr]
+        expect("TX-OWN-03", run.returncode == 0 and not crashed, f"{mode}: exit {run.returncode}: {run.stderr[-600:]}")
         expect(
             "TX-OWN-03",
             run.stdout.strip().splitlines() == ["native-context-freed-first"],
@@ -252,12 +269,12 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
         expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")
         positions = sorted(p for ps in covered.values() for p in ps)
         expect("TX-OWN-05", positions == list(range(held)), f"captured positions {positions}, cache holds {held}")
-    draft_path = support.model_file(tmp_path, seed + 1)
+    draft_path = support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE)
     with support.load(backend, draft_path, trainable=False) as draft_model, _context(draft_model) as draft:
         with _tx_context(model, profile, sel) as ctx:
             g = ctx.generate(TOKENS[:3], 12, stop_at_eog=False, draft=draft, n_draft=3)
             covered = _covered(ctx.drain_captures(), "attn_norm-0")
-            expect("TX-OWN-05", g.drafted > 0, "the draft proposed nothing")
+            expect("TX-OWN-05", 0 < g.accepted < g.drafted, f"{g.accepted} of {g.drafted} drafted tokens kept")
             expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")
             seen = {p for ps in covered.values() for p in ps}
             missing = sorted(set(range(ctx.sequence_length)) - seen)
@@ -735,7 +752,9 @@ def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, t
                 "HARNESS-04", len(seen) == k + 1 and ctx.sequence_length == len(TOKENS), f"at {k}: {len(seen)} calls"
             )
 
-    with support.load(backend, support.model_file(tmp_path, seed + 1), trainable=False) as draft_model:
+    with support.load(
+        backend, support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE), trainable=False
+    ) as draft_model:
         draft_profile = Profile.record(draft_model)
         log: list[str] = []
 
@@ -754,7 +773,7 @@ def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, t
             draft_tx = TensorTransactions(draft_profile, [draft_profile.select("l_out-0")], on("draft"))
             with _context(model, target_tx) as target, _context(draft_model, draft_tx) as draft:
                 try:
-                    target.generate(TOKENS[:3], 8, stop_at_eog=False, draft=draft, n_draft=3)
+                    target.generate(TOKENS[:3], 16, stop_at_eog=False, draft=draft, n_draft=3)
                 except retro.DecodeError as err:
                     return err
             return None

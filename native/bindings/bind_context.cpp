@@ -26,13 +26,17 @@ public:
         if (c.owner.load() == std::this_thread::get_id()) {
             throw Error(ErrorKind::InvalidState, "a tensor-transaction handler may not call into its own context");
         }
+        c.callers += 1;
         {
             py::gil_scoped_release release;
             lock_ = std::unique_lock<std::mutex>(c.busy);
         }
         c.owner = std::this_thread::get_id();
     }
-    ~Busy() { c_.owner = std::thread::id(); }
+    ~Busy() {
+        c_.owner = std::thread::id();
+        c_.callers -= 1;
+    }
     Busy(const Busy &)             = delete;
     Busy & operator=(const Busy &) = delete;
 
@@ -232,6 +236,7 @@ void bind_context(py::module_ & m) {
                     "sequence_length",
                     [](const Context & self) { return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1; })
             .def_readonly("has_trainer", &Context::has_trainer)
+            .def_property_readonly("callers", [](const Context & self) { return self.callers.load(); })
             .def("decode", &decode, py::arg("tokens"))
             .def("generate", &generate, py::arg("prompt"), py::arg("max_new"), py::arg("temperature"), py::arg("seed"),
                  py::arg("stop_at_eog"), py::arg("draft"), py::arg("n_draft"))

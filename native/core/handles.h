@@ -59,6 +59,7 @@ struct Context {
     // call from that thread (a handler calling back into its own context) is refused, not deadlocked.
     std::mutex busy;
     std::atomic<std::thread::id> owner{};
+    std::atomic<int> callers{0};  // threads inside a call of this context, waiting or running
 
     ~Context() { close(); }
     void close() {

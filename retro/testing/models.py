@@ -30,6 +30,9 @@ class TinyLlamaSpec:
     n_ctx: int = 256
     seed: int = 0
     init_std: float = 0.02
+    # a draft model for speculative decoding: the same weights as `seed`'s, with noise of this
+    # many standard deviations added to the last layer's FFN output, so that it mostly agrees
+    draft_noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_vocab < 256 + 2 + 1:
@@ -112,7 +115,11 @@ def write_tiny_llama(path: str | os.PathLike[str], spec: TinyLlamaSpec | None = 
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(spec.n_ff, spec.n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", weight(spec.n_ff, spec.n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(spec.n_embd, spec.n_ff))
+        down = weight(spec.n_embd, spec.n_ff)
+        if spec.draft_noise and i == spec.n_layer - 1:
+            noise = np.random.default_rng(spec.seed + 2).standard_normal(down.shape)
+            down = (down + noise * spec.draft_noise * down.std()).astype(np.float32)
+        w.add_tensor(f"blk.{i}.ffn_down.weight", down)
     w.add_tensor("output_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
     w.add_tensor("output.weight", weight(spec.n_vocab, spec.n_embd))
 
