@@ -3,7 +3,9 @@ parameter comparison (bitwise on CPU, a tolerance on other backends)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -19,10 +21,10 @@ from .backends import Backend
 GPU_RTOL, GPU_ATOL = 1e-4, 1e-6
 
 
-def model_file(folder: Path, seed: int, **spec: float) -> Path:
+def model_file(folder: Path, seed: int, **spec: Any) -> Path:
     path = folder / f"tiny-{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(spec.items()))}.gguf"
     if not path.exists():
-        write_tiny_llama(path, TinyLlamaSpec(seed=seed, **spec))
+        write_tiny_llama(path, dataclasses.replace(TinyLlamaSpec(seed=seed), **spec))
     return path
 
 

@@ -246,10 +246,10 @@ def transaction_costs(model: Path, *, threads: int, reps: int, busy_interpreter:
                 ctx.close()
     out: dict[str, dict[str, float]] = {}
     base = times["no transactions"]
-    for name, t in times.items():
+    for name, measured in times.items():
         row: dict[str, float] = {}
         for what in ("decode", "generate"):
-            runs, ref = t[what][1:], base[what][1:]
+            runs, ref = measured[what][1:], base[what][1:]
             row[f"{what}_s_min"] = min(runs)
             row[f"{what}_ratio_min"] = min(runs) / min(ref)
             row[f"{what}_ratio_median"] = statistics.median(runs) / statistics.median(ref)

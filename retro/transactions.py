@@ -282,7 +282,7 @@ class Selector:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class Transaction:
     """What a handler gets: one selected node of one micro-batch. `data` is a copy the handler
     owns ([rows, row_elements]); writable only for a ``mutable-f32`` selector, whose edits are

@@ -82,8 +82,8 @@ py::array owned_copy(const tx::Observation & obs, const tx::Selector & s) {
             s.dtype == tx::DType::F32 ? py::array(py::array_t<float>(shape)) : py::array(py::array_t<int32_t>(shape));
     // the array's own size: a copy never writes past the numpy buffer, whatever the node was
     std::memcpy(arr.mutable_data(), obs.data.data(), std::min((size_t) arr.nbytes(), obs.data.size()));
-    if (s.access == tx::Access::Read) {
-        arr.attr("flags").attr("writeable") = false;
+    if (s.access == tx::Access::Read) {  // numpy's flag, set directly: this runs in every data phase
+        py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     }
     return arr;
 }
