@@ -122,7 +122,7 @@ class Profile:
         first: dict[str, list[tuple[str, tuple[int, ...], bool]]] = {}
         for probe in probes:
             seen: set[str] = set()
-            for name, dtype, ne, contiguous in probe:
+            for name, dtype, ne, contiguous, _device in probe:
                 if name not in seen:
                     seen.add(name)
                     first.setdefault(name, []).append((dtype, tuple(ne), contiguous))

@@ -1,5 +1,5 @@
 """HARNESS-01: every clause is checked on the backend under test, and really there. The model of
-every check lives on that backend's device, what it computes agrees with the same computation on
+every check lives on that backend's device, most nodes of its graphs are computed there, what it computes agrees with the same computation on
 the CPU (the oracle, compared by NMSE as llama.cpp's test-backend-ops does) with none, part or all
 of the model offloaded, and a backend without a device reads "not available"."""
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import retro
+from retro import _native
 from retro.conformance import backends, support
 from retro.conformance.evidence import against_oracle, bound, expect
 
@@ -39,10 +40,18 @@ def _train_and_decode(backend: backends.Backend, path, ds, gpu_layers: int = -1)
 def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
     with support.load(backend, model_path) as model:
         placed = {n: d for n, d in model.tensor_devices().items() if n not in support.INPUT_LAYER}
+        # where the scheduler put each node of a decode's graph: the backend that computes it
+        nodes = [(name, device) for name, _, _, _, device in _native.probe_graph(model._h, 8, 8, 1)]
     wanted = backend.device_names
     with bound("HARNESS-01"):
         elsewhere = sorted((n, d) for n, d in placed.items() if d not in wanted)
         assert not elsewhere, f"weights not on {backend.name} ({', '.join(sorted(wanted))}): {elsewhere[:4]}"
+    computed_here = [n for n, d in nodes if d in wanted]
+    expect(
+        "HARNESS-01",
+        len(computed_here) * 2 > len(nodes),
+        f"{len(computed_here)} of {len(nodes)} nodes of a decode computed on {backend.name}",
+    )
 
     # an absent backend is not available: the same build with this backend's devices gone
     built = set(retro.build_info()["backends"]) | {"cpu"}

@@ -210,7 +210,8 @@ void bind_context(py::module_ & m) {
                 py::list out;
                 for (const auto & n : nodes) {
                     out.append(py::make_tuple(n.name, ggml_type_name((ggml_type) n.type),
-                                              py::make_tuple(n.ne[0], n.ne[1], n.ne[2], n.ne[3]), n.contiguous));
+                                              py::make_tuple(n.ne[0], n.ne[1], n.ne[2], n.ne[3]), n.contiguous,
+                                              n.device));
                 }
                 return out;
             },

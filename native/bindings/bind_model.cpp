@@ -136,13 +136,8 @@ void bind_model(py::module_ & m) {
                      // where each weight lives: the device of its buffer's type, read from ggml
                      py::dict out;
                      for (int32_t i = 0; i < llama_model_n_tensors(self.get()); ++i) {
-                         const ggml_tensor * t        = llama_model_get_tensor(self.get(), i);
-                         ggml_backend_buffer_type_t b = t->buffer ? ggml_backend_buffer_get_type(t->buffer) : nullptr;
-                         ggml_backend_dev_t dev       = b ? ggml_backend_buft_get_device(b) : nullptr;
-                         // host buffers made from a pointer (the loader's own CPU memory) name no device
-                         const char * where             = dev ? ggml_backend_dev_name(dev)
-                                                          : b && ggml_backend_buft_is_host(b) ? "CPU"
-                                                                                              : "";
+                         const ggml_tensor * t          = llama_model_get_tensor(self.get(), i);
+                         const char * where             = tensor_device_name(t);
                          out[py::str(ggml_get_name(t))] = where;
                      }
                      return out;

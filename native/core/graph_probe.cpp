@@ -1,6 +1,7 @@
 #include "graph_probe.h"
 
 #include "errors.h"
+#include "tensor_io.h"
 #include "ggml.h"
 
 #include <memory>
@@ -11,7 +12,11 @@ namespace {
 bool record(ggml_tensor * t, bool ask, void * user_data) {
     if (ask) {
         auto * nodes = static_cast<std::vector<GraphNode> *>(user_data);
-        nodes->push_back({t->name, (int) t->type, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, ggml_is_contiguous(t)});
+        nodes->push_back({t->name,
+                          (int) t->type,
+                          {t->ne[0], t->ne[1], t->ne[2], t->ne[3]},
+                          ggml_is_contiguous(t),
+                          tensor_device_name(t)});
     }
     return false;  // metadata only: no node is waited for
 }

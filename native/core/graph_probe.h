@@ -15,6 +15,7 @@ struct GraphNode {
     int type;  // ggml_type
     int64_t ne[4];
     bool contiguous;
+    std::string device;  // where the scheduler put its output: the backend that computes it
 };
 
 // Every node of the graphs one decode of n_tokens tokens (the last n_outputs of them with

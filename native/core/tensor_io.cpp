@@ -56,4 +56,11 @@ ggml_tensor * find_model_tensor(const llama_model * model, const std::string & n
     return nullptr;
 }
 
+const char * tensor_device_name(const ggml_tensor * t) {
+    const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+    ggml_backend_buffer_type_t type    = buffer ? ggml_backend_buffer_get_type(buffer) : nullptr;
+    ggml_backend_dev_t dev             = type ? ggml_backend_buft_get_device(type) : nullptr;
+    return dev ? ggml_backend_dev_name(dev) : type && ggml_backend_buft_is_host(type) ? "CPU" : "";
+}
+
 }  // namespace retro

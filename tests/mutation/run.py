@@ -38,16 +38,18 @@ from site_view import site_view_env  # noqa: E402
 SOURCE = REPO / "build" / "mutation-src"
 BUILD = REPO / "build" / "mutation"
 PREPARED = BUILD / "llama.cpp"  # the patched llama.cpp tree of this build folder
-COVERED = "BASE,CANCEL,SHAPE,FAIL-01,FAIL-02,FAIL-03,FAIL-04,FAIL-04a,FAIL-04b,FAIL-04c,FAIL-04d,FAIL-04e,FAIL-05,FAIL-06,FAIL-07,FAIL-08,HARNESS-01"
+COVERED = "BASE,CANCEL,SHAPE,TX-,FAIL-01,FAIL-02,FAIL-03,FAIL-04,FAIL-04a,FAIL-04b,FAIL-04c,FAIL-04d,FAIL-04e,FAIL-05,FAIL-06,FAIL-07,FAIL-08,HARNESS-01,HARNESS-04"
 # the CPU, and the RPC backend: a second device is where the placement of state and work matters
 BACKENDS = "cpu,rpc"
-# retro's own loop, and the files of the fork whose patched lines are mutated
+# retro's own loop and tensor transactions, and the files of the fork whose patched lines are mutated
 OWN = [
     "native/core/epoch.cpp",
     "native/core/trainer.cpp",
     "native/core/callback_scope.cpp",
     "native/core/errors.cpp",
     "native/core/tensor_io.cpp",
+    "native/core/transactions.cpp",
+    "native/core/decoding.cpp",
 ]
 FORK = ["ggml/src/ggml-opt.cpp", "src/llama-context.cpp"]
 SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|throw |static_assert")
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--case-timeout", type=float, default=120.0)
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation-results.json")
+    ap.add_argument("--only", action="append", default=None, help="draw mutants from this file only (repeatable)")
     ap.add_argument("--rescore", action="store_true", help="re-triage the survivors of --out against equivalent.toml")
     args = ap.parse_args(argv)
     if args.rescore:
@@ -226,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             mutants += generate(SOURCE / rel, rel, None, work / "mutants")
         for rel in FORK:
             mutants += generate(PREPARED / rel, f"llama.cpp/{rel}", patched_lines(rel), work / "mutants")
+        if args.only:
+            mutants = [m for m in mutants if m.file in args.only]
         generated = len(mutants)
         random.Random(args.seed).shuffle(mutants)
         sample = sorted(mutants[: args.sample], key=lambda m: (m.file, m.line))
