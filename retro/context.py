@@ -191,7 +191,7 @@ class Context(NativeHandle):
     @property
     def transaction_failure(self) -> TransactionFailure | None:
         """The first failed tensor transaction of this context (sticky), if any."""
-        raw = _native.tx_failure_tuple(self._h)
+        raw = self._h.transaction_failure()
         return None if raw is None else TransactionFailure(*raw)
 
     def sequence_state(self) -> bytes:

@@ -177,8 +177,8 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
     context is always freed first, and the child exits cleanly."""
     env = dict(os.environ)
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
-    # this interpreter's own flags (-S under a site view, say), so that the child imports this retro
-    python = [sys.executable, *subprocess._args_from_interpreter_flags()]
+    # -S as this interpreter has it (a site view of a separate build), so the child imports this retro
+    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
     for mode in ("close", "gc", "exit", "mid-use"):
         run = subprocess.run(
             [*python, "-X", "dev", "-c", _CHILD, mode, str(model_path), backend.name, defects],

@@ -241,7 +241,16 @@ void bind_context(py::module_ & m) {
             .def("decode", &decode, py::arg("tokens"))
             .def("generate", &generate, py::arg("prompt"), py::arg("max_new"), py::arg("temperature"), py::arg("seed"),
                  py::arg("stop_at_eog"), py::arg("draft"), py::arg("n_draft"))
-            .def("drain_captures", [](Context & self) { return drain_captures(self); })
+            .def("drain_captures",
+                 [](Context & self) {
+                     Busy busy(self);
+                     return drain_captures(self);
+                 })
+            .def("transaction_failure",
+                 [](Context & self) {
+                     Busy busy(self);
+                     return transaction_failure(self);
+                 })
             .def_property_readonly("transactions_address",
                                    [](const Context & self) { return (uintptr_t) self.transactions.get(); })
             .def_property_readonly(

@@ -225,12 +225,13 @@ void bind_transactions(py::module_ & m) {
                 return py::int_(bytes);
             },
             "the data phase's checks on a node's metadata: its byte count, or the failure tuple");
-    m.def("tx_failure_tuple", [](const Context & c) -> py::object {
-        if (!c.transactions || !c.transactions->failed()) {
-            return py::none();
-        }
-        return failure_tuple(c.transactions->failure());
-    });
+}
+
+py::object transaction_failure(const Context & c) {
+    if (!c.transactions || !c.transactions->failed()) {
+        return py::none();
+    }
+    return failure_tuple(c.transactions->failure());
 }
 
 py::list drain_captures(Context & c) {

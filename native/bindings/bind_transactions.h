@@ -30,4 +30,7 @@ void * install(Context & c, llama_context_params & params, PendingTransactions &
 // The committed captures, drained: (name, decode, positions, data) each.
 pybind11::list drain_captures(Context & c);
 
+// The context's sticky transaction failure as (kind, node, type, message, traceback), or None.
+pybind11::object transaction_failure(const Context & c);
+
 }  // namespace retro::bindings
