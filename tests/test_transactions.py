@@ -134,3 +134,18 @@ def test_the_profile_command_writes_a_profile_the_model_validates_against(model_
     assert "selectable" in capsys.readouterr().out
     with retro.Model.load(model_path, devices=[]) as m:
         Profile.load(tmp_path / "p.json").validate(m)
+
+
+def test_generation_stops_at_an_end_of_generation_token_with_or_without_a_draft(model):
+    with retro.Context(model, n_ctx=256, n_batch=64, n_threads=1) as ctx:
+        plain = ctx.generate([5, 6, 7], 30, stop_at_eog=False).tokens
+    eos = model.tokenize("<|endoftext|>", parse_special=True)[0]
+    weights = model.tensor("output.weight")
+    weights[eos] = weights[plain[6]] * 1.5  # the end token now wins where plain[6] did
+    model._h.set_tensor("output.weight", weights)
+    with retro.Context(model, n_ctx=256, n_batch=64, n_threads=1) as ctx:
+        greedy = ctx.generate([5, 6, 7], 30).tokens
+    with retro.Context(model, n_ctx=256, n_batch=64, n_threads=1) as ctx, retro.Context(model, n_ctx=256) as draft:
+        speculative = ctx.generate([5, 6, 7], 30, draft=draft, n_draft=4)
+    assert greedy == [*plain[:6], eos]
+    assert speculative.tokens == greedy and speculative.accepted > 0
