@@ -216,11 +216,12 @@ bool Transactions::end(int32_t status) {
         staging_.clear();
         return false;
     }
+    const bool keep_staging = defect(RETRO_DEFECT_TX_RET_01);  // seeded defect: staging survives
     for (auto & c : staging_) {
         committed_bytes_ += c.data.size();
-        committed_.push_back(c);
+        committed_.push_back(keep_staging ? c : std::move(c));
     }
-    if (!defect(RETRO_DEFECT_TX_RET_01)) {
+    if (!keep_staging) {
         staging_.clear();
     }
     return true;
