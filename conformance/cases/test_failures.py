@@ -209,14 +209,26 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
 @pytest.mark.clause("FAIL-07")
 def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed):
     """Every later call that computes or reads or writes training state raises
-    PoisonedTrainerError, and none reaches the backend."""
+    PoisonedTrainerError, and none reaches the backend. The failure is real work failing: the
+    first micro-batch's graph stops after some of its optimizer updates ran, so some weights took
+    the step and others did not (a fault that failed before any update, or after all of them,
+    would not be the failure this clause is about)."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 26)
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx) as tr:
-        fi.arm("compute", 2)
+        before = model.parameters()
+        fi.arm("compute", 1)
         with pytest.raises(retro.ComputeError):
             tr.epoch(ds)
         expect("FAIL-07", tr.poisoned, "the compute failure was not recorded")
+        moved = support.changed(before, model.parameters())
+        # the input layer's rows move only where the batch's tokens are: left out of the count
+        layers = set(before) - {"token_embd.weight"}
+        expect(
+            "FAIL-07",
+            0 < len(moved & layers) < len(layers),
+            f"{len(moved & layers)} of {len(layers)} weights moved: the fault did not stop the graph part-way",
+        )
         computes = fi.hits("compute")
         for call in (lambda: tr.epoch(ds), lambda: tr.epoch(ds), tr.checkpoint):
             with bound("FAIL-07"), pytest.raises(retro.PoisonedTrainerError):
