@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,10 +144,23 @@ def copy_local(tree: Path, dest: Path, backends: list[str]) -> None:
             shutil.copy2(path, target)
 
 
-def apply_patches(tree: Path, patches: list[Path]) -> None:
+def for_tree(patch: str, backends: list[str]) -> str:
+    """The patch without its sections for backends the tree leaves out (one patch may change a
+    kernel of every backend alike)."""
+    sections = re.split(r"(?m)^(?=diff --git )", patch)
+    kept = [sections[0]]  # the What/Why header
+    for section in sections[1:]:
+        path = re.match(r"diff --git a/(\S+) ", section)
+        if path is None or wanted(path.group(1), backends):
+            kept.append(section)
+    return "".join(kept)
+
+
+def apply_patches(tree: Path, patches: list[Path], backends: list[str]) -> None:
     for p in patches:
         done = subprocess.run(
-            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(p)],
+            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch"],
+            input=for_tree(p.read_text(), backends),
             cwd=tree,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -157,6 +171,26 @@ def apply_patches(tree: Path, patches: list[Path]) -> None:
                 f"patch {p.name} does not apply to the llama.cpp tree:\n{done.stdout}\n"
                 "The patch series must match the pinned upstream commit " + UPSTREAM_COMMIT
             )
+
+
+def sync_tree(src: Path, dest: Path) -> None:
+    """Make dest a copy of src, leaving the files whose bytes did not change (and their times)
+    alone: a new patch recompiles only what it touches."""
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = {p.relative_to(src) for p in src.rglob("*") if p.is_file()}
+    for p in sorted(dest.rglob("*"), reverse=True):  # children before their folders
+        rel = p.relative_to(dest)
+        if p.is_file() and rel not in wanted and rel.name != ".retro-stamp.json":
+            p.unlink()
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+    for rel in sorted(wanted):
+        new, old = src / rel, dest / rel
+        if old.is_file() and old.stat().st_size == new.stat().st_size and old.read_bytes() == new.read_bytes():
+            continue
+        old.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(new, old)  # stamped now, never with the archive's older time: it must rebuild
+        shutil.copymode(new, old)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,14 +224,18 @@ def main(argv: list[str] | None = None) -> int:
 
     stamp_file = args.dest / ".retro-stamp.json"
     if not (stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp):
-        if args.dest.exists():
-            shutil.rmtree(args.dest)
-        args.dest.mkdir(parents=True)
+        fresh = args.dest.with_name(args.dest.name + ".preparing")
+        if fresh.exists():
+            shutil.rmtree(fresh)
+        fresh.mkdir(parents=True)
         if args.local_tree:
-            copy_local(args.local_tree, args.dest, backends)
+            copy_local(args.local_tree, fresh, backends)
         else:
-            extract_sdist(fetch_sdist(args.cache_dir or default_cache_dir()), args.dest, backends)
-        apply_patches(args.dest, patches)
+            extract_sdist(fetch_sdist(args.cache_dir or default_cache_dir()), fresh, backends)
+        apply_patches(fresh, patches, backends)
+        stamp_file.unlink(missing_ok=True)  # an interrupted sync must not look prepared
+        sync_tree(fresh, args.dest)
+        shutil.rmtree(fresh)
         stamp_file.write_text(json.dumps(stamp, indent=1))
         print(f"retro: prepared llama.cpp ({source}) with {len(patches)} patches in {args.dest}", flush=True)
 
