@@ -80,6 +80,45 @@ def test_a_local_tree_is_copied_patched_and_left_alone_when_unchanged(tmp_path):
     assert (dest / "ggml/src/ggml-cuda/x.cu").exists()
 
 
+EVERY_BACKEND = """diff --git a/ggml/src/ggml-cpu/ops.cpp b/ggml/src/ggml-cpu/ops.cpp
+--- a/ggml/src/ggml-cpu/ops.cpp
++++ b/ggml/src/ggml-cpu/ops.cpp
+@@ -0,0 +1 @@
++int cpu_kernel;
+diff --git a/ggml/src/ggml-cuda/x.cu b/ggml/src/ggml-cuda/x.cu
+--- a/ggml/src/ggml-cuda/x.cu
++++ b/ggml/src/ggml-cuda/x.cu
+@@ -0,0 +1 @@
++int cuda_kernel;
+"""
+
+
+def test_a_patch_of_every_backend_applies_to_a_tree_without_some(tmp_path):
+    src = fake_tree(tmp_path / "upstream")
+    patches = patch_dir(tmp_path, EVERY_BACKEND)
+    dest = tmp_path / "prepared"
+    assert run("--dest", dest, "--patches", patches, "--local-tree", src).returncode == 0
+    assert (dest / "ggml/src/ggml-cpu/ops.cpp").read_text() == "int cpu_kernel;\n"
+    assert not (dest / "ggml/src/ggml-cuda").exists()
+    assert run("--dest", dest, "--patches", patches, "--local-tree", src, "--backends", "cuda").returncode == 0
+    assert (dest / "ggml/src/ggml-cuda/x.cu").read_text() == "int cuda_kernel;\n"
+
+
+def test_a_new_patch_replaces_only_the_files_it_changes(tmp_path):
+    src = fake_tree(tmp_path / "upstream")
+    patches = patch_dir(tmp_path, GOOD)
+    dest = tmp_path / "prepared"
+    assert run("--dest", dest, "--patches", patches, "--local-tree", src, "--backends", "cuda").returncode == 0
+    untouched = (dest / "src/llama-context.cpp").stat().st_mtime_ns
+    (patches / "0002-kernel.patch").write_text("What: Why:\n\n" + EVERY_BACKEND)
+    assert run("--dest", dest, "--patches", patches, "--local-tree", src).returncode == 0
+    assert (dest / "src/llama-context.cpp").stat().st_mtime_ns == untouched
+    assert (dest / "src/llama-context.cpp").read_text() == "int a = 2;\n"
+    assert (dest / "ggml/src/ggml-cpu/ops.cpp").read_text() == "int cpu_kernel;\n"
+    assert not (dest / "ggml/src/ggml-cuda").exists()  # the backend left out is gone, folder and all
+    assert not (tmp_path / "prepared.preparing").exists()
+
+
 def test_a_patch_that_does_not_apply_stops_with_its_name(tmp_path):
     src = fake_tree(tmp_path / "upstream")
     patches = patch_dir(tmp_path, GOOD.replace("int a = 1;", "int b = 7;"))
