@@ -17,7 +17,7 @@ from . import (
 from ._native_logs import recent_errors
 from .checkpoint import Checkpoint
 from .context import Context
-from .datasets import TokenDataset
+from .datasets import Dataset, TokenDataset, TopKDataset, WeightedDataset
 from .devices import Device, devices
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
@@ -38,6 +38,7 @@ __all__ = [
     "AdamW",
     "Checkpoint",
     "Context",
+    "Dataset",
     "Device",
     "EpochCallback",
     "EpochMetrics",
@@ -45,7 +46,9 @@ __all__ = [
     "Progress",
     "Schedule",
     "TokenDataset",
+    "TopKDataset",
     "Trainer",
+    "WeightedDataset",
     "build_info",
     "devices",
     "recent_errors",

@@ -43,6 +43,14 @@ def real(name: str, value: object, *, low: float, high: float, low_open: bool = 
     return v
 
 
+def weights(name: str, arr: np.ndarray) -> None:
+    """Loss weights: every one finite and >= 0 (a NaN would poison the step, a negative one
+    would train away from its target)."""
+    if arr.size and not (np.isfinite(arr).all() and float(arr.min()) >= 0.0):
+        bad = arr[~(np.isfinite(arr) & (arr >= 0))]
+        raise ValueError(f"{name} must be finite and >= 0, found {bad[:3].tolist()}")
+
+
 def token_array(name: str, value: object, n_vocab: int, *, ndim: int) -> np.ndarray:
     """A C-contiguous int32 array of token ids in [0, n_vocab); never a silent narrowing cast."""
     arr = np.asarray(value)

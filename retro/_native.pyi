@@ -170,6 +170,7 @@ class Trainer:
         self,
         tokens: npt.NDArray[np.int32],
         labels: npt.NDArray[np.int32],
+        weights: npt.NDArray[np.float32] | None,
         n_train: int,
         progress: Callable[[bool, int, int], bool] | None,
         epoch_callback: int,

@@ -53,3 +53,92 @@ class TokenDataset:
 
     def __len__(self) -> int:
         return self.n_windows
+
+
+def _borrowable(name: str, arr: object, dtype: type[np.generic], ndim: int) -> np.ndarray:
+    """The caller's own array, as the native loop will read it: never a converted copy."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise TypeError(f"{name} must be {np.dtype(dtype).name}, not {arr.dtype} (convert it once, outside the call)")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (np.ascontiguousarray), so that it is read in place")
+    return arr
+
+
+@dataclass(frozen=True)
+class WeightedDataset:
+    """Windows whose every token carries a loss weight: token i of window w is trained towards
+    ``labels[w, i]`` with weight ``weights[w, i]``; a weight of 0 masks the token (a prompt, padding)
+    and the loss is the mean over the window's tokens of weight x cross-entropy. The arrays are the
+    caller's: each epoch call reads them in place, never copies them and keeps no reference after
+    it returns (so they must already be C-contiguous int32, int32 and float32)."""
+
+    tokens: np.ndarray  # int32 [n_windows, width]
+    labels: np.ndarray  # int32 [n_windows, width]
+    weights: np.ndarray  # float32 [n_windows, width], finite and >= 0
+
+    def __post_init__(self) -> None:
+        _borrowable("tokens", self.tokens, np.int32, 2)
+        _borrowable("labels", self.labels, np.int32, 2)
+        _borrowable("weights", self.weights, np.float32, 2)
+        if not self.tokens.shape == self.labels.shape == self.weights.shape:
+            raise ValueError("tokens, labels and weights must have one shape")
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+
+@dataclass(frozen=True)
+class TopKDataset:
+    """Windows whose every token is trained towards k weighted target ids (distillation from a
+    teacher's k most likely tokens): the label row of token i of window w is the sum over j of
+    ``weights[w, i, j]`` at ``ids[w, i, j]``. A repeated id contributes the sum of its weights;
+    the weights need not sum to one (the gradient is that of the loss as written); a token whose
+    weights are all 0 is masked. Borrowed like :class:`WeightedDataset`'s arrays."""
+
+    tokens: np.ndarray  # int32 [n_windows, width]
+    ids: np.ndarray  # int32 [n_windows, width, k]
+    weights: np.ndarray  # float32 [n_windows, width, k], finite and >= 0
+
+    #: the most targets per token the native step takes (LLAMA_OPT_MAX_TARGETS)
+    MAX_K = 1024
+
+    def __post_init__(self) -> None:
+        _borrowable("tokens", self.tokens, np.int32, 2)
+        _borrowable("ids", self.ids, np.int32, 3)
+        _borrowable("weights", self.weights, np.float32, 3)
+        if self.ids.shape != self.weights.shape or self.ids.shape[:2] != self.tokens.shape:
+            raise ValueError(
+                f"ids and weights must be tokens' shape x k: {self.tokens.shape}, {self.ids.shape}, {self.weights.shape}"
+            )
+        if not 1 <= self.k <= self.MAX_K:
+            raise ValueError(f"k must be in [1, {self.MAX_K}], got {self.k}")
+
+    @property
+    def k(self) -> int:
+        return int(self.ids.shape[2])
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+
+Dataset = TokenDataset | WeightedDataset | TopKDataset

@@ -16,7 +16,7 @@ from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .checkpoint import Checkpoint
 from .context import Context
-from .datasets import TokenDataset
+from .datasets import Dataset, TokenDataset, TopKDataset, WeightedDataset
 from .errors import InvalidStateError, PoisonedTrainerError
 
 
@@ -268,9 +268,9 @@ class Trainer(NativeHandle):
         self._h.set_iteration(iteration)
 
     # -- training -----------------------------------------------------------------------------
-    def _split(self, dataset: TokenDataset, val_fraction: float) -> int:
-        if not isinstance(dataset, TokenDataset):
-            raise TypeError("dataset must be a retro.TokenDataset")
+    def _split(self, dataset: Dataset, val_fraction: float) -> int:
+        if not isinstance(dataset, (TokenDataset, WeightedDataset, TopKDataset)):
+            raise TypeError("dataset must be a retro.TokenDataset, WeightedDataset or TopKDataset")
         frac = _checks.real("val_fraction", val_fraction, low=0.0, high=1.0)
         if frac >= 1.0:
             raise ValueError("val_fraction must be < 1")
@@ -285,14 +285,19 @@ class Trainer(NativeHandle):
         n_vocab = self.context.model.n_vocab
         if not _checks.seeded("SHAPE-01"):  # seeded defect: token ids left to the native loop
             _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
-            _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
+            if isinstance(dataset, TopKDataset):
+                _checks.token_array("dataset.ids", dataset.ids, n_vocab, ndim=3)
+            else:
+                _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
+        if not isinstance(dataset, TokenDataset):
+            _checks.weights("dataset.weights", dataset.weights)
         _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
         return dataset.n_windows - math.ceil(dataset.n_windows * frac) if frac else dataset.n_windows
 
     @forwarding
     def epoch(
         self,
-        dataset: TokenDataset,
+        dataset: Dataset,
         *,
         val_fraction: float = 0.0,
         progress: ProgressCallback | None = None,
@@ -305,7 +310,8 @@ class Trainer(NativeHandle):
         discarded, the rest (evaluation included) is skipped and the metrics say
         ``epoch_complete=False``. An exception raised by ``progress`` cancels the same way and is
         re-raised here. ``epoch_callback`` (a :data:`EpochCallback`) is called after every
-        micro-batch with upstream ggml's arguments."""
+        micro-batch with upstream ggml's arguments. The dataset's arrays are read in place for
+        the call: never copied, and not referenced once it returns."""
         n_train = self._split(dataset, val_fraction)
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable")
@@ -313,8 +319,25 @@ class Trainer(NativeHandle):
             raise TypeError("epoch_callback must be a retro.EpochCallback (ctypes) function")
         native_progress = None if progress is None else _wrap_progress(progress)
         address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0
-        m = self._h.epoch(dataset.tokens, dataset.labels, n_train, native_progress, address, self.duty_cycle)
+        tokens, targets, weights = _borrowed(dataset)
+        if _checks.seeded("HOST-01.retained"):
+            self._last_dataset = dataset  # seeded defect: the trainer keeps the caller's arrays
+        m = self._h.epoch(tokens, targets, weights, n_train, native_progress, address, self.duty_cycle)
         return EpochMetrics._from_native(m)
+
+
+def _borrowed(dataset: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The arrays the native loop reads in place for the call: tokens, target ids, weights."""
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray | None]
+    if isinstance(dataset, TokenDataset):
+        arrays = (dataset.tokens, dataset.labels, None)
+    elif isinstance(dataset, WeightedDataset):
+        arrays = (dataset.tokens, dataset.labels, dataset.weights)
+    else:
+        arrays = (dataset.tokens, dataset.ids, dataset.weights)
+    if _checks.seeded("HOST-01"):  # seeded defect: a defensive copy of the caller's arrays
+        return tuple(None if a is None else a.copy() for a in arrays)  # type: ignore[return-value]
+    return arrays
 
 
 def _wrap_schedule(schedule: Schedule) -> Callable[[int, int], float]:

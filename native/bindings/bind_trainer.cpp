@@ -3,22 +3,36 @@
 #include "tensor_io.h"
 #include "trainer.h"
 
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <optional>
+
 namespace py = pybind11;
 
 namespace retro::bindings {
 namespace {
 
 using Int32Array = py::array_t<int32_t, py::array::c_style>;
+using FloatArray = py::array_t<float, py::array::c_style>;
 
-// the windows of one epoch call; the arrays stay borrowed for the synchronous call
-EpochRequest request_of(const Int32Array & tokens, const Int32Array & labels, int64_t n_train, double duty_cycle) {
-    if (tokens.ndim() != 2 || labels.ndim() != 2 || tokens.shape(0) != labels.shape(0) ||
+// the windows of one epoch call; the arrays stay borrowed for the synchronous call. labels are
+// [n_windows][width] or [n_windows][width][k] target ids; weights, if given, have their shape.
+EpochRequest request_of(const Int32Array & tokens, const Int32Array & labels, const std::optional<FloatArray> & weights,
+                        int64_t n_train, double duty_cycle) {
+    if (tokens.ndim() != 2 || (labels.ndim() != 2 && labels.ndim() != 3) || tokens.shape(0) != labels.shape(0) ||
         tokens.shape(1) != labels.shape(1)) {
         throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
+    }
+    const int64_t k = labels.ndim() == 3 ? labels.shape(2) : 1;
+    if (weights && (weights->ndim() != labels.ndim() || weights->size() != labels.size())) {
+        throw std::invalid_argument("weights must have the shape of the targets");
     }
     EpochRequest r;
     r.tokens     = tokens.data();
     r.labels     = labels.data();
+    r.weights    = weights ? weights->data() : nullptr;
+    r.k          = (int32_t) std::clamp<int64_t>(k, 0, LLAMA_OPT_MAX_TARGETS + 1);  // the core refuses out of range
     r.n_windows  = tokens.shape(0);
     r.width      = tokens.shape(1);
     r.n_train    = n_train;
@@ -58,9 +72,10 @@ std::shared_ptr<const ScheduleFn> schedule_of(const py::object & schedule) {
     });
 }
 
-EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train,
-                   const py::object & progress, uintptr_t epoch_callback, double duty_cycle) {
-    EpochRequest r   = request_of(tokens, labels, n_train, duty_cycle);
+EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels,
+                   const std::optional<FloatArray> & weights, int64_t n_train, const py::object & progress,
+                   uintptr_t epoch_callback, double duty_cycle) {
+    EpochRequest r   = request_of(tokens, labels, weights, n_train, duty_cycle);
     r.progress       = progress_of(progress);
     r.epoch_callback = reinterpret_cast<ggml_opt_epoch_callback>(epoch_callback);
     py::gil_scoped_release release;
@@ -68,7 +83,7 @@ EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & la
 }
 
 EpochMetrics upstream_epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train) {
-    const EpochRequest r = request_of(tokens, labels, n_train, 1.0);
+    const EpochRequest r = request_of(tokens, labels, std::nullopt, n_train, 1.0);
     EpochMetrics m;
     py::gil_scoped_release release;
     t.upstream_epoch(r, m);
@@ -112,8 +127,8 @@ void bind_trainer(py::module_ & m) {
     py::class_<Trainer>(m, "Trainer")
             .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(), py::arg("context"),
                  py::arg("optimizer"), py::arg("accumulation"), py::call_guard<py::gil_scoped_release>())
-            .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"), py::arg("progress"),
-                 py::arg("epoch_callback"), py::arg("duty_cycle"))
+            .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("weights"), py::arg("n_train"),
+                 py::arg("progress"), py::arg("epoch_callback"), py::arg("duty_cycle"))
             .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
             .def(
                     "set_schedule",

@@ -6,6 +6,7 @@
 
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -47,12 +48,24 @@ void check_request(const EpochRequest & r, int64_t n_ctx, int64_t n_ubatch) {
     if (!r.tokens || !r.labels || r.n_windows < 0 || r.n_train < 0 || r.n_train > r.n_windows) {
         throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
     }
+    if (r.k < 1 || r.k > LLAMA_OPT_MAX_TARGETS) {
+        throw std::invalid_argument("the targets per token must be in [1, LLAMA_OPT_MAX_TARGETS]");
+    }
     if (r.width <= 0 || r.width > n_ctx || r.width % n_ubatch != 0) {
         throw std::invalid_argument("window width must be a multiple of n_ubatch no larger than n_ctx");
     }
     if (!(r.duty_cycle > 0.0 && r.duty_cycle <= 1.0)) {
         throw std::invalid_argument("duty_cycle must be in (0, 1]");
     }
+}
+
+// the tokens of a micro-batch with a positive target weight (the others are masked)
+int64_t weighted_tokens(const float * weights, int64_t n_tokens, int32_t k) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_tokens; ++i) {
+        n += std::any_of(weights + i * k, weights + (i + 1) * k, [](float w) { return w > 0.0f; }) ? 1 : 0;
+    }
+    return n;
 }
 
 }  // namespace
@@ -127,8 +140,9 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 const int64_t off = w * r.width + k * n_ubatch;
                 context_->threads.apply(lctx);
                 const auto t_mb      = Clock::now();
-                const int32_t status = llama_opt_micro_batch(lctx, r.tokens + off, r.labels + off, (int32_t) n_ubatch,
-                                                             (llama_pos) (k * n_ubatch), train, result);
+                const int32_t status = llama_opt_micro_batch_targets(
+                        lctx, r.tokens + off, r.labels + off * r.k, r.weights ? r.weights + off * r.k : nullptr, r.k,
+                        (int32_t) n_ubatch, (llama_pos) (k * n_ubatch), train, result);
                 if (status != LLAMA_OPT_STATUS_OK) {
                     failed_status = status;
                     stopped       = true;
@@ -151,8 +165,8 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
                 m.compute_s += 1e-6 * (double) st.compute_us;
                 ++done;
                 (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
-                // every label of a token window is real: no padding is sent to compute
-                m.logical_tokens += n_ubatch;
+                // a token counts as logical when some target weighs it; every token is computed
+                m.logical_tokens += r.weights ? weighted_tokens(r.weights + off * r.k, n_ubatch, r.k) : n_ubatch;
                 m.physical_tokens += n_ubatch;
                 if (defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
                     stopped = true;  // seeded defect: the request is checked before the callback

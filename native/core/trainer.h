@@ -28,11 +28,13 @@ struct EpochMetrics {
 #undef X
 };
 
-// One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. tokens and labels are
-// n_windows x width int32, row-major, borrowed for the call.
+// One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. The arrays are
+// row-major and borrowed for the call: tokens n_windows x width, labels and weights x k.
 struct EpochRequest {
     const int32_t * tokens = nullptr;
-    const int32_t * labels = nullptr;
+    const int32_t * labels = nullptr;  // k target ids per token: [n_windows][width][k]
+    const float * weights  = nullptr;  // their weights, same shape; null weighs every target 1
+    int32_t k              = 1;
     int64_t n_windows      = 0;
     int64_t width          = 0;
     int64_t n_train        = 0;

@@ -22,6 +22,9 @@ struct ResultDeleter {
 void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     llama_context * lctx = ctx();
     const int64_t n_ctx  = llama_n_ctx(lctx);
+    if (r.k != 1 || r.weights) {
+        throw std::invalid_argument("upstream's loop trains one unweighted label per token");
+    }
     if (!r.tokens || !r.labels || r.width != n_ctx || r.n_windows < 1 || r.n_train < 0 || r.n_train > r.n_windows) {
         throw std::invalid_argument("upstream's loop takes windows of exactly n_ctx tokens");
     }

@@ -1,0 +1,158 @@
+"""Host buffers (seed 000, "Host buffers") of the weighted and top-k datasets: HOST-01 (the caller's
+arrays are read in place for the synchronous call and not kept), HOST-07 (the dense label rows are
+written whole on every pass) and HOST-08 (a repeated target id contributes the sum of its
+weights). One micro-batch per window (n_ubatch = n_ctx), SGD: a step's update is its gradient
+times the rate, so parameters show the gradient itself."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import retro
+from retro.conformance import support
+from retro.conformance.evidence import bound, expect
+
+WIDTH = 256
+# powers of two: sums and doublings of these weights are exact in float32
+WEIGHTS = np.array([0.0, 0.125, 0.25, 0.5, 1.0], dtype=np.float32)
+
+
+def _n_vocab(backend, model_path) -> int:
+    with support.load(backend, model_path, trainable=False) as probe:
+        return probe.n_vocab
+
+
+def _weighted(n_windows: int, n_vocab: int, seed: int) -> retro.WeightedDataset:
+    base = support.windows(n_windows, WIDTH, n_vocab, seed)
+    weights = np.random.default_rng(seed + 1).choice(WEIGHTS, size=base.tokens.shape).astype(np.float32)
+    return retro.WeightedDataset(base.tokens, base.labels, weights)
+
+
+def _top_k(n_windows: int, n_vocab: int, seed: int, k: int = 4) -> retro.TopKDataset:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, n_vocab, size=(n_windows, WIDTH), dtype=np.int32)
+    ids = rng.integers(0, n_vocab, size=(n_windows, WIDTH, k), dtype=np.int32)
+    weights = rng.choice(WEIGHTS, size=ids.shape).astype(np.float32)
+    return retro.TopKDataset(tokens, ids, weights)
+
+
+def _dataset(kind: str, n_windows: int, n_vocab: int, seed: int) -> retro.WeightedDataset | retro.TopKDataset:
+    return _weighted(n_windows, n_vocab, seed) if kind == "weighted" else _top_k(n_windows, n_vocab, seed)
+
+
+def _targets(ds: retro.WeightedDataset | retro.TopKDataset) -> np.ndarray:
+    return ds.labels if isinstance(ds, retro.WeightedDataset) else ds.ids
+
+
+def _train(backend, model_path, *datasets, lr: float = 0.125, progress=None):
+    """Parameters and metrics of a fresh load trained on each dataset in turn, one context."""
+    with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=lr)) as tr:
+            metrics = [tr.epoch(ds, progress=progress) for ds in datasets]
+        return model.parameters(), metrics
+
+
+@pytest.mark.clause("HOST-01")
+@pytest.mark.parametrize("kind", ["weighted", "top-k"])
+def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, seed, kind):
+    """The progress callback rewrites the second window's targets and weights in the caller's own
+    arrays after the first micro-batch: the second step trains on what the caller wrote, as a run
+    on the rewritten dataset does (a copy taken at the call would train on the old values). Once
+    the call returned and the caller dropped the dataset, its arrays are freed: nothing kept them."""
+    n_vocab = _n_vocab(backend, model_path)
+    ds = _dataset(kind, 2, n_vocab, seed + 60)
+    rewrite = _dataset(kind, 1, n_vocab, seed + 61)
+
+    caller = {"dataset": ds}  # what the callback writes through, dropped with the rest below
+
+    def rewrite_second_window(p: retro.Progress) -> None:
+        if p.done == 1:
+            _targets(caller["dataset"])[1] = _targets(rewrite)[0]
+            caller["dataset"].weights[1] = rewrite.weights[0]
+
+    arrays = [weakref.ref(a) for a in (ds.tokens, _targets(ds), ds.weights)]
+    with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr:
+            tr.epoch(ds, progress=rewrite_second_window)
+            borrowed = model.parameters()
+            rewritten, _ = _train(backend, model_path, ds)  # the arrays hold the rewrite from the start
+            with bound("HOST-01"):
+                support.assert_params_equal(
+                    borrowed, rewritten, backend, "rewritten during the call vs rewritten before it"
+                )
+            # the trainer, its context and model are still open: none of them may hold the arrays
+            del ds
+            caller.clear()
+            gc.collect()
+            alive = [name for name, ref in zip(("tokens", "targets", "weights"), arrays) if ref() is not None]
+            expect(
+                "HOST-01", not alive, f"the caller dropped the dataset, yet its {alive} live on: something kept them"
+            )
+
+
+@pytest.mark.clause("HOST-07")
+@pytest.mark.parametrize("kind", ["weighted", "top-k"])
+def test_label_rows_are_written_whole_on_every_pass(backend, model_path, seed, kind):
+    """The context's host label rows keep their capacity across steps, and each step writes them
+    whole: a step that follows another in one context (its rows left in the array) equals the same
+    step taken first in a fresh context, whose array never held anything."""
+    n_vocab = _n_vocab(backend, model_path)
+    first, second = _dataset(kind, 1, n_vocab, seed + 62), _dataset(kind, 1, n_vocab, seed + 63)
+    after_another, _ = _train(backend, model_path, first, second)
+    with support.load(backend, model_path) as model:
+        for ds in (first, second):  # a fresh context (and label array) for each step
+            with support.context(model) as ctx, retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr:
+                tr.epoch(ds)
+        fresh = model.parameters()
+    with bound("HOST-07"):
+        support.assert_params_equal(after_another, fresh, backend, "second step after the first vs in a fresh context")
+
+
+def _logits(backend, model_path, tokens: np.ndarray) -> np.ndarray:
+    with support.load(backend, model_path, trainable=False) as model, support.context(model) as ctx:
+        return ctx.decode(tokens).astype(np.float64)
+
+
+def _reference_loss(logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> float:
+    """numpy: the mean over tokens of sum_j weight_j * -log softmax(logits)[id_j]."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    picked = np.take_along_axis(log_p, ids.astype(np.int64), axis=1)
+    return float(-(weights.astype(np.float64) * picked).sum(axis=1).mean())
+
+
+@pytest.mark.clause("HOST-08")
+def test_repeated_target_ids_add_their_weights(backend, model_path, seed):
+    """Top-k targets whose first two ids are one id: (a, w0), (a, w1), (b, w2). They train exactly
+    as the merged targets (a, w0 + w1), (b, w2), (c, 0); the loss equals numpy's weighted
+    cross-entropy over the model's logits; and the gradient is linear in the weights, as the loss
+    is: doubled weights at half the rate give the same step (the weights need not sum to one)."""
+    n_vocab = _n_vocab(backend, model_path)
+    rng = np.random.default_rng(seed + 64)
+    tokens = rng.integers(0, n_vocab, size=(1, WIDTH), dtype=np.int32)
+    a, b, c = (rng.integers(0, n_vocab, size=(1, WIDTH), dtype=np.int32) for _ in range(3))
+    w0, w1, w2 = (rng.choice(WEIGHTS[1:], size=(1, WIDTH)).astype(np.float32) for _ in range(3))
+    repeated = retro.TopKDataset(tokens, np.stack([a, a, b], axis=2), np.stack([w0, w1, w2], axis=2))
+    merged = retro.TopKDataset(tokens, np.stack([a, b, c], axis=2), np.stack([w0 + w1, w2, 0 * w2], axis=2))
+    doubled = retro.TopKDataset(tokens, repeated.ids.copy(), 2 * repeated.weights)
+
+    with_repeats, (m_repeats,) = _train(backend, model_path, repeated)
+    with_merged, (m_merged,) = _train(backend, model_path, merged)
+    with bound("HOST-08"):
+        support.assert_params_equal(with_repeats, with_merged, backend, "repeated ids vs their merged weights")
+        support.assert_close(
+            np.float64(m_repeats.train_loss), np.float64(m_merged.train_loss), backend, "loss, repeated vs merged"
+        )
+    expected = _reference_loss(_logits(backend, model_path, tokens[0]), merged.ids[0], merged.weights[0])
+    expect(
+        "HOST-08",
+        abs(m_repeats.train_loss - expected) <= 1e-3 * abs(expected),
+        f"loss {m_repeats.train_loss!r}, numpy's weighted cross-entropy {expected!r}",
+    )
+    twice, _ = _train(backend, model_path, doubled, lr=0.0625)
+    with bound("HOST-08"):
+        support.assert_params_equal(twice, with_repeats, backend, "doubled weights at half the rate vs the weights")
