@@ -316,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     c.add_argument("-q", "--quiet", dest="progress", action="store_false", help="no line per finished case")
     c.add_argument(
-        "--cases", type=Path, default=CASES_DIR, help="folder of conformance checks (default: the built-in suite)"
+        "--cases",
+        type=lambda text: Path(text).resolve(),  # pytest runs elsewhere: a relative path must not move
+        default=CASES_DIR,
+        help="folder of conformance checks (default: the built-in suite)",
     )
     c.add_argument(
         "--case-timeout",

@@ -83,7 +83,8 @@ def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
         "@pytest.mark.clause('BASE-02')\ndef test_hang(backend):\n    import time; time.sleep(600)\n"
         "@pytest.mark.clause('BASE-03')\ndef test_after(backend):\n    expect('BASE-03', True)\n"
     )
-    rc, res, log = certify(tmp_path, "--cases", str(cases), "--no-defects", "--clauses", "BASE", "--case-timeout", "10")
+    # relative to the caller's folder (the CLI runs pytest elsewhere)
+    rc, res, log = certify(tmp_path, "--cases", "cases", "--no-defects", "--clauses", "BASE", "--case-timeout", "10")
     assert rc == 1, log
     outcome = {c["id"]: c["outcome"] for c in res["cases"]}
     assert outcome == {
