@@ -128,3 +128,15 @@ def test_a_callback_writing_a_bad_id_mid_call_gets_a_typed_error_not_a_crash(mod
         assert tr.iteration == start + 1
     assert before is not None
     assert all(np.array_equal(before[n], v) for n, v in model.parameters().items())
+
+
+def test_the_label_rows_exist_from_the_first_step(ctx):
+    from retro.testing import label_rows
+
+    assert label_rows(ctx) == (0, 0)
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.1)) as tr:
+        tr.epoch(_weighted(1))
+    address, capacity = label_rows(ctx)
+    assert address != 0 and capacity >= 64 * 512
+    with pytest.raises(TypeError, match="retro.Context"):
+        label_rows(tr)  # type: ignore[arg-type]

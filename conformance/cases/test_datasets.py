@@ -1,7 +1,7 @@
 """Host buffers (seed 000, "Host buffers") of the weighted and top-k datasets: HOST-01 (the caller's
-arrays are read in place for the synchronous call and not kept), HOST-07 (the dense label rows are
-written whole on every pass) and HOST-08 (a repeated target id contributes the sum of its
-weights). One micro-batch per window (n_ubatch = n_ctx), SGD: a step's update is its gradient
+arrays are read in place for the synchronous call and not kept), HOST-05 (the context's label rows
+keep their capacity), HOST-07 (they are written whole on every pass) and HOST-08 (a repeated
+target id contributes the sum of its weights). One micro-batch per window (n_ubatch = n_ctx), SGD: a step's update is its gradient
 times the rate, so parameters show the gradient itself."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import against_oracle, bound, expect
+from retro.testing import label_rows, micro_batch
 
 WIDTH = 256
 # powers of two: sums and doublings of these weights are exact in float32
@@ -95,6 +96,31 @@ def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, 
             expect(
                 "HOST-01", not alive, f"the caller dropped the dataset, yet its {alive} live on: something kept them"
             )
+
+
+@pytest.mark.clause("HOST-05")
+def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, seed):
+    """The context's host label rows are allocated by its first step and never again for steps of
+    equal or smaller geometry: their address and capacity, read from llama.cpp after every step of
+    two epochs (weighted, then top-k targets) and after one shorter step, stay the first step's."""
+    n_vocab = _n_vocab(backend, model_path)
+    seen: list[tuple[int, int]] = []
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr:
+            for ds in (_weighted(2, n_vocab, seed + 65), _top_k(1, n_vocab, seed + 66)):
+                tr.epoch(ds, progress=lambda p: seen.append(label_rows(ctx)))
+            short = support.windows(1, 32, n_vocab, seed + 67)
+            micro_batch(tr, short.tokens[0], short.labels[0])  # half the geometry
+            seen.append(label_rows(ctx))
+    first = seen[0]
+    expect("HOST-05", first[0] != 0 and first[1] >= 64 * n_vocab, f"label rows {first} after a step of 64 tokens")
+    moved = [i for i, rows in enumerate(seen) if rows != first]
+    expect(
+        "HOST-05",
+        not moved,
+        f"the label rows (address, capacity) moved at {len(moved)} of {len(seen)} steps: {first} first, "
+        f"{seen[moved[0]] if moved else ''} at step {moved[0] if moved else ''}",
+    )
 
 
 @pytest.mark.clause("HOST-07")

@@ -227,6 +227,13 @@ void bind_context(py::module_ & m) {
                      self.close();
                  })
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
+            // (address, capacity in floats) of the training steps' host label rows
+            .def_property_readonly("label_rows",
+                                   [](const Context & self) {
+                                       size_t capacity    = 0;
+                                       const float * rows = llama_opt_label_rows(self.get(), &capacity);
+                                       return py::make_tuple(reinterpret_cast<uintptr_t>(rows), capacity);
+                                   })
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })
             .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
             .def_property_readonly("n_ubatch", [](const Context & self) { return llama_n_ubatch(self.get()); })

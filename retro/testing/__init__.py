@@ -3,6 +3,6 @@ training loop as an oracle, and probes of native state."""
 
 from .models import TinyLlamaSpec, write_tiny_llama
 from .oracle import upstream_epoch
-from .probes import micro_batch
+from .probes import label_rows, micro_batch
 
-__all__ = ["TinyLlamaSpec", "micro_batch", "upstream_epoch", "write_tiny_llama"]
+__all__ = ["TinyLlamaSpec", "label_rows", "micro_batch", "upstream_epoch", "write_tiny_llama"]

@@ -6,7 +6,18 @@ import numpy as np
 
 from .. import _checks
 from .._native_logs import forwarding
+from ..context import Context
 from ..training import Trainer
+
+
+def label_rows(context: Context) -> tuple[int, int]:
+    """Where the context's host label rows live: their address (0 before the first training step)
+    and their capacity in floats. Each step fills them and copies them to the device whole; they
+    are kept across steps, so steps of equal or smaller geometry never reallocate them."""
+    if not isinstance(context, Context):
+        raise TypeError("context must be a retro.Context")
+    address, capacity = context._h.label_rows
+    return int(address), int(capacity)
 
 
 @forwarding
