@@ -9,8 +9,25 @@ import numpy as np
 from . import _checks
 
 
+class _Windows:
+    """What every dataset says of its windows: tokens are int32 [n_windows, width]."""
+
+    tokens: np.ndarray
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+
 @dataclass(frozen=True)
-class TokenDataset:
+class TokenDataset(_Windows):
     """Next-token windows over a token stream, labelled as upstream's common_opt_dataset_init does:
     window i holds tokens[i*stride : i*stride+width], each labelled by the token that follows it.
     Every window that fits is kept (upstream's count, (len - width - 1) // stride, drops the last
@@ -43,17 +60,6 @@ class TokenDataset:
         if self.tokens.shape != self.labels.shape or self.tokens.ndim != 2:
             raise ValueError("tokens and labels must be 2-D arrays of one shape")
 
-    @property
-    def n_windows(self) -> int:
-        return int(self.tokens.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.tokens.shape[1])
-
-    def __len__(self) -> int:
-        return self.n_windows
-
 
 def _borrowable(name: str, arr: object, dtype: type[np.generic], ndim: int) -> np.ndarray:
     """The caller's own array, as the native loop will read it: never a converted copy."""
@@ -69,7 +75,7 @@ def _borrowable(name: str, arr: object, dtype: type[np.generic], ndim: int) -> n
 
 
 @dataclass(frozen=True)
-class WeightedDataset:
+class WeightedDataset(_Windows):
     """Windows whose every token carries a loss weight: token i of window w is trained towards
     ``labels[w, i]`` with weight ``weights[w, i]``; a weight of 0 masks the token (a prompt, padding)
     and the loss is the mean over the window's tokens of weight x cross-entropy. The arrays are the
@@ -87,20 +93,9 @@ class WeightedDataset:
         if not self.tokens.shape == self.labels.shape == self.weights.shape:
             raise ValueError("tokens, labels and weights must have one shape")
 
-    @property
-    def n_windows(self) -> int:
-        return int(self.tokens.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.tokens.shape[1])
-
-    def __len__(self) -> int:
-        return self.n_windows
-
 
 @dataclass(frozen=True)
-class TopKDataset:
+class TopKDataset(_Windows):
     """Windows whose every token is trained towards k weighted target ids (distillation from a
     teacher's k most likely tokens): the label row of token i of window w is the sum over j of
     ``weights[w, i, j]`` at ``ids[w, i, j]``. A repeated id contributes the sum of its weights;
@@ -128,17 +123,6 @@ class TopKDataset:
     @property
     def k(self) -> int:
         return int(self.ids.shape[2])
-
-    @property
-    def n_windows(self) -> int:
-        return int(self.tokens.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.tokens.shape[1])
-
-    def __len__(self) -> int:
-        return self.n_windows
 
 
 Dataset = TokenDataset | WeightedDataset | TopKDataset
