@@ -138,5 +138,5 @@ def test_the_label_rows_exist_from_the_first_step(ctx):
         tr.epoch(_weighted(1))
     address, capacity = label_rows(ctx)
     assert address != 0 and capacity >= 64 * 512
-    with pytest.raises(TypeError, match="retro.Context"):
+    with pytest.raises(TypeError, match=r"retro\.Context"):
         label_rows(tr)  # type: ignore[arg-type]

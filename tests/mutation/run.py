@@ -10,8 +10,8 @@ A mutant is killed when a check of the certification fails, crashes or hangs aga
 intact runs; their seeded-defect runs are proven once, on the unmutated build); it survives when
 every check passes; a mutant that does not compile is
 invalid and not counted. Known-equivalent mutants (tests/mutation/equivalent.toml, each with its
-reason) are reported apart and not counted. The seeded-defect switches are never mutated: they are
-off in a certification's intact runs.
+reason) are reported apart and not counted. The seeded-defect switches, and the branches only they
+open, are never mutated: they are off in a certification's intact runs.
 """
 
 from __future__ import annotations
@@ -53,6 +53,30 @@ OWN = [
 ]
 FORK = ["ggml/src/ggml-opt.cpp", "src/llama-context.cpp"]
 SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|throw |static_assert")
+# an if (or else if) whose body is a block: its condition, up to the block's opening brace
+BLOCK_IF = re.compile(r"^\s*(?:\}\s*else\s+)?if\s*\((?P<cond>.*)\)\s*\{\s*(?://.*)?$")
+SWITCH = re.compile(r"^\(*\s*(?:retro_defect_on|defect)\(")
+
+
+def defect_bodies(text: list[str]) -> set[int]:
+    """1-based lines inside the blocks of branches taken only with a seeded-defect switch on (a
+    condition of &&-joined terms, one of them a switch, not negated): they never run in a
+    certification's intact runs, so a mutant there is equivalent by construction."""
+    inside: set[int] = set()
+    depth = 0  # braces open inside a defect branch's block, its own included
+    for n, line in enumerate(text, start=1):
+        if depth > 0:
+            for ch in line:
+                depth += (ch == "{") - (ch == "}")
+                if depth == 0:
+                    break  # the block closed on this line (a "} else {" starts another branch)
+            else:
+                inside.add(n)
+                continue
+        m = BLOCK_IF.match(line)
+        if m and "||" not in m["cond"] and any(SWITCH.match(t.strip()) for t in m["cond"].split("&&")):
+            depth = 1
+    return inside
 
 
 @dataclass
@@ -149,10 +173,11 @@ def patched_lines(rel: str) -> list[int]:
 
 def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> list[Mutant]:
     text = source.read_text(encoding="utf-8").splitlines()
+    defect_only = defect_bodies(text)
     keep = [
         n
         for n in (lines or range(1, len(text) + 1))
-        if n <= len(text) and text[n - 1].strip() and not SKIP.search(text[n - 1])
+        if n <= len(text) and text[n - 1].strip() and not SKIP.search(text[n - 1]) and n not in defect_only
     ]
     out = workdir / re.sub(r"\W", "_", rel)
     out.mkdir(parents=True, exist_ok=True)
