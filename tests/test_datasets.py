@@ -140,3 +140,12 @@ def test_the_label_rows_exist_from_the_first_step(ctx):
     assert address != 0 and capacity >= 64 * 512
     with pytest.raises(TypeError, match=r"retro\.Context"):
         label_rows(tr)  # type: ignore[arg-type]
+
+
+def test_upstreams_loop_refuses_weighted_targets(model_path):
+    from retro.testing import upstream_epoch
+
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ctx=256, n_ubatch=256) as c:
+        with retro.Trainer(c, optimizer=retro.SGD(lr=0.1)) as tr:
+            with pytest.raises(TypeError, match="one unweighted label per token"):
+                upstream_epoch(tr, _weighted(1))

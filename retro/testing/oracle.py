@@ -17,6 +17,8 @@ def upstream_epoch(trainer: Trainer, dataset: TokenDataset, *, val_fraction: flo
     losses, accuracies and optimizer steps are reported (upstream counts nothing else)."""
     if not isinstance(trainer, Trainer):
         raise TypeError("trainer must be a retro.Trainer")
+    if not isinstance(dataset, TokenDataset):  # weights or k targets would be silently dropped
+        raise TypeError("upstream's loop trains one unweighted label per token: dataset must be a retro.TokenDataset")
     if trainer.schedule is not None:
         raise ValueError("upstream's loop knows no learning-rate schedule: use a trainer without one")
     n_train = trainer._split(dataset, val_fraction)
