@@ -18,33 +18,6 @@ namespace py = pybind11;
 namespace retro::bindings {
 namespace {
 
-// One decode, generation or close at a time per context, waited for without the GIL. A call from
-// the thread already inside (a handler calling back into its own context) is refused.
-class Busy {
-public:
-    explicit Busy(Context & c) : c_(c) {
-        if (c.owner.load() == std::this_thread::get_id()) {
-            throw Error(ErrorKind::InvalidState, "a tensor-transaction handler may not call into its own context");
-        }
-        c.callers += 1;
-        {
-            py::gil_scoped_release release;
-            lock_ = std::unique_lock<std::mutex>(c.busy);
-        }
-        c.owner = std::this_thread::get_id();
-    }
-    ~Busy() {
-        c_.owner = std::thread::id();
-        c_.callers -= 1;
-    }
-    Busy(const Busy &)             = delete;
-    Busy & operator=(const Busy &) = delete;
-
-private:
-    Context & c_;
-    std::unique_lock<std::mutex> lock_;
-};
-
 std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
                                      int32_t n_threads, bool adaptive_threads,
                                      std::shared_ptr<PendingTransactions> transactions) {
@@ -229,7 +202,8 @@ void bind_context(py::module_ & m) {
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             // (address, capacity in floats) of the training steps' host label rows
             .def_property_readonly("label_rows",
-                                   [](const Context & self) {
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
                                        size_t capacity    = 0;
                                        const float * rows = llama_opt_label_rows(self.get(), &capacity);
                                        return py::make_tuple(reinterpret_cast<uintptr_t>(rows), capacity);
@@ -240,9 +214,11 @@ void bind_context(py::module_ & m) {
             .def_property_readonly("training_ubatch",
                                    [](const Context & self) { return training_geometry(self.get()).n_ubatch; })
             .def_readonly("n_past", &Context::n_past)
-            .def_property_readonly(
-                    "sequence_length",
-                    [](const Context & self) { return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1; })
+            .def_property_readonly("sequence_length",
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
+                                       return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1;
+                                   })
             .def_readonly("has_trainer", &Context::has_trainer)
             .def_property_readonly("callers", [](const Context & self) { return self.callers.load(); })
             .def("decode", &decode, py::arg("tokens"))

@@ -99,8 +99,18 @@ ggml_tensor * state_of(Trainer & t, const std::string & name, int which) {
 }
 
 py::object read_state(Trainer & t, const std::string & name, int which) {
+    Busy busy(t.held(), CallGuard::Nesting::allowed);
     const ggml_tensor * s = state_of(t, name, which);
     return s ? py::object(tensor_to_numpy(s)) : py::object(py::none());
+}
+
+// a read of the trainer's state, guarded: it may nest in a callback of a call on the context
+template <typename R>
+auto reading(R (Trainer::*read)()) {
+    return [read](Trainer & t) {
+        Busy busy(t.held(), CallGuard::Nesting::allowed);
+        return (t.*read)();
+    };
 }
 
 }  // namespace
@@ -147,12 +157,12 @@ void bind_trainer(py::module_ & m) {
                         t.micro_batch(tokens.data(), labels.data(), (int32_t) tokens.size(), pos0, train);
                     },
                     py::arg("tokens"), py::arg("labels"), py::arg("pos0"), py::arg("train"))
-            .def("close", &Trainer::close)
+            .def("close", &Trainer::close, py::call_guard<py::gil_scoped_release>())
             .def_property_readonly("closed", &Trainer::closed)
-            .def_property_readonly("iteration", &Trainer::iteration)
-            .def_property_readonly("period_position", &Trainer::period_position)
-            .def_property_readonly("poisoned", &Trainer::poisoned)
-            .def_property_readonly("stop_requests", &Trainer::stop_requests)
+            .def_property_readonly("iteration", reading(&Trainer::iteration))
+            .def_property_readonly("period_position", reading(&Trainer::period_position))
+            .def_property_readonly("poisoned", reading(&Trainer::poisoned))
+            .def_property_readonly("stop_requests", reading(&Trainer::stop_requests))
             .def(
                     "moment",
                     [](Trainer & t, const std::string & name, int which) {
@@ -167,6 +177,7 @@ void bind_trainer(py::module_ & m) {
                     "set_moment",
                     [](Trainer & t, const std::string & name, int which,
                        py::array_t<float, py::array::c_style> values) {
+                        Busy busy(t.held(), CallGuard::Nesting::allowed);
                         ggml_tensor * s = state_of(t, name, which == 0 ? 0 : 1);
                         if (!s) {
                             throw Error(ErrorKind::InvalidState,
@@ -175,7 +186,8 @@ void bind_trainer(py::module_ & m) {
                         write_f32(s, values.data(), (size_t) values.size());
                     },
                     py::arg("name"), py::arg("which"), py::arg("values"))
-            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"));
+            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"),
+                 py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace retro::bindings

@@ -71,6 +71,7 @@ int64_t weighted_tokens(const float * weights, int64_t n_tokens, int32_t k) {
 }  // namespace
 
 EpochMetrics Trainer::epoch(const EpochRequest & r) {
+    CallGuard call(held());
     llama_context * lctx            = ctx();
     ggml_opt_context_t opt          = llama_opt_get_context(lctx);
     const TrainingGeometry geometry = training_geometry(lctx);

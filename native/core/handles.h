@@ -55,8 +55,8 @@ struct Context {
     // The tensor-transaction state llama.cpp calls back into: its address is the context's
     // eval-callback and decode-hook user data, so it is released only after llama_free.
     std::unique_ptr<tx::Transactions> transactions;
-    // Decodes, generations and close are serialized; `owner` is the thread inside one, so that a
-    // call from that thread (a handler calling back into its own context) is refused, not deadlocked.
+    // Every call on the context is serialized by CallGuard (call_guard.h); `owner` is the thread
+    // inside one, so that a call from that thread (a callback into its own context) is refused.
     std::mutex busy;
     std::atomic<std::thread::id> owner{};
     std::atomic<int> callers{0};  // threads inside a call of this context, waiting or running

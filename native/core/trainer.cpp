@@ -12,6 +12,7 @@ namespace retro {
 
 Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt, int32_t accumulation)
     : context_(std::move(context)), opt_(opt), accumulation_(accumulation) {
+    CallGuard call(*context_);
     llama_context * lctx = context_->get();
     if (context_->has_trainer) {
         throw Error(ErrorKind::InvalidState, "the context already has a trainer; close that one first");
@@ -37,18 +38,31 @@ Trainer::Trainer(std::shared_ptr<Context> context, const OptimizerSettings & opt
 }
 
 Trainer::~Trainer() {
-    close();
+    try {
+        close();
+    } catch (const std::exception &) {
+        // refused (freed by the thread inside a call on its context): llama_free frees the
+        // optimization context with the context itself
+    }
 }
 
 void Trainer::close() {
     if (!context_) {
         return;
     }
+    CallGuard call(*context_);
     if (context_->ctx) {
         llama_opt_free(context_->ctx);
     }
     context_->has_trainer = false;
     context_.reset();
+}
+
+Context & Trainer::held() const {
+    if (!context_) {
+        throw Error(ErrorKind::InvalidState, "the trainer is closed");
+    }
+    return *context_;
 }
 
 llama_context * Trainer::ctx() const {
@@ -136,6 +150,7 @@ ggml_tensor * Trainer::state_tensor(const std::string & name, int which) {
 }
 
 void Trainer::prepare_state() {
+    CallGuard call(held());
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_prepare_state(lctx);
@@ -145,6 +160,7 @@ void Trainer::prepare_state() {
 }
 
 void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train) {
+    CallGuard call(held());
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_micro_batch(lctx, tokens, labels, n_tokens, pos0, train, nullptr);
@@ -158,6 +174,7 @@ void Trainer::set_iteration(int64_t iteration) {
     if (iteration < 1) {
         throw std::invalid_argument("the optimizer iteration starts at 1");
     }
+    CallGuard call(held());
     ggml_opt_set_iter(opt(), iteration);
 }
 

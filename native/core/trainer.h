@@ -1,7 +1,10 @@
 // A trainer on a context: the optimizer's lifecycle, its state (cursor, period, moments) for
 // checkpoints, and the epoch loop (epoch.cpp). No Python here: the binding validates and converts.
+// Every call that runs or changes the optimizer takes the context's call guard itself; reads of
+// its state are guarded by the caller (the binding), where a callback inside a call may nest.
 #pragma once
 
+#include "call_guard.h"
 #include "callback_scope.h"
 #include "defects.h"
 #include "handles.h"
@@ -71,6 +74,8 @@ public:
     bool poisoned();
     int64_t stop_requests();  // counted by the fork's llama_opt_request_stop
     const std::shared_ptr<Context> & context() const { return context_; }
+    // the context, for its call guard (call_guard.h); throws once the trainer is closed
+    Context & held() const;
 
     // optimizer state of a weight, nullptr where there is none (yet): the gradient accumulator
     // (which == -1) or the AdamW moments (which == 0: first, 1: second)
