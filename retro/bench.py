@@ -9,6 +9,9 @@
   them: one read-only selector with a handler, one retained without a handler, one mutable, and
   every layer's output retained; also while another Python thread keeps the interpreter busy
   (the ask phase and handler-less selectors never take the GIL).
+- packed: packed windows against one document per window, on the same documents (mean length 32,
+  256-token windows): physical tokens per logical token and logical tokens per second, alternating
+  epoch by epoch.
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
   spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
   settings once, at load), taking turns epoch by epoch.
@@ -364,11 +367,70 @@ def load_table(model: Path, *, reps: int) -> dict[str, object]:
     }
 
 
+def _documents(n_vocab: int, n: int, mean: int, seed: int = 5) -> list[np.ndarray]:
+    """n documents of 2 to 2 * mean - 2 tokens (uniform: mean length `mean`)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n_vocab, size=int(k), dtype=np.int32) for k in rng.integers(2, 2 * mean - 1, size=n)]
+
+
+def packed_throughput(model: Path, *, threads: int, n_ubatch: int, reps: int) -> dict[str, float]:
+    """The same documents packed first-fit into 256-token windows and one per window: physical
+    tokens per logical token, and logical tokens per second (median epoch), epochs alternating."""
+    import retro
+
+    with retro.Model.load(model, devices=[], trainable=True) as m:
+        docs = _documents(m.n_vocab, 256, 32)
+        packed = retro.PackedDataset.pack(docs, width=256)
+        alone = retro.PackedDataset(
+            np.ascontiguousarray(np.stack([np.pad(d, (0, 256 - d.size)) for d in docs])),
+            np.ascontiguousarray(
+                np.stack([np.r_[np.zeros(d.size, np.int32), np.full(256 - d.size, -1, np.int32)] for d in docs])
+            ),
+        )
+        seq = max(packed.sequences_needed(n_ubatch), 1)
+        with (
+            retro.Context(m, n_ctx=256, n_ubatch=n_ubatch, n_threads=threads, sequences=seq) as c,
+            retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4)) as tr,
+        ):
+            times: dict[str, list[float]] = {"packed": [], "alone": []}
+            metrics = {}
+            for rep in range(reps + 1):
+                for name, ds in (("packed", packed), ("alone", alone)):
+                    t = time.perf_counter()
+                    metrics[name] = tr.epoch(ds)
+                    if rep:  # the first round warms up
+                        times[name].append(time.perf_counter() - t)
+    out: dict[str, float] = {}
+    for name in times:
+        mt = metrics[name]
+        out[f"{name}_physical_per_logical"] = mt.physical_tokens / mt.logical_tokens
+        out[f"{name}_logical_tokens_per_s"] = mt.logical_tokens / statistics.median(times[name])
+    out["speedup"] = out["packed_logical_tokens_per_s"] / out["alone_logical_tokens_per_s"]
+    return out
+
+
+def packed_table(model: Path, *, reps: int) -> list[dict[str, object]]:
+    print("packed windows vs one document per window (256 documents, mean 32 tokens, 256-token windows)")
+    rows: list[dict[str, object]] = []
+    for n_ubatch in (64, 256):
+        r = packed_throughput(model, threads=2, n_ubatch=n_ubatch, reps=reps)
+        rows.append({"n_ubatch": n_ubatch, **r})
+        print(
+            f"  n_ubatch {n_ubatch:3}: physical/logical packed {r['packed_physical_per_logical']:.3f}, one per window "
+            f"{r['alone_physical_per_logical']:.3f}; logical tokens/s packed {r['packed_logical_tokens_per_s']:.0f}, "
+            f"one per window {r['alone_logical_tokens_per_s']:.0f}: x{r['speedup']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "load"])
+    ap.add_argument(
+        "--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "packed", "load"]
+    )
     args = ap.parse_args(argv)
     report: dict[str, object] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -393,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rebuild"] = rebuild_table(Path(tmp), reps=args.reps)
         if "transactions" not in args.skip:
             report["transactions"] = transaction_table(Path(tmp), reps=args.reps)
+        if "packed" not in args.skip:
+            report["packed"] = packed_table(model, reps=args.reps)
         if "load" not in args.skip:
             report["load"] = load_table(model, reps=args.reps)
     if args.json:
