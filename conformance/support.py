@@ -4,6 +4,8 @@ parameter comparison (bitwise on CPU, a tolerance on other backends)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +52,10 @@ CHECK_THREADS = default_threads()[0]
 
 
 def context(
-    model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256, n_threads: int | None = None
+    model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256, n_threads: int | None = None, sequences: int = 1
 ) -> retro.Context:
     threads = CHECK_THREADS if n_threads is None else n_threads
-    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=threads)
+    return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=threads, sequences=sequences)
 
 
 def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenDataset:
@@ -89,6 +91,18 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, backend: Backend, wha
         assert np.array_equal(actual, expected), f"{what}: {actual!r} vs {expected!r}"
     else:
         np.testing.assert_allclose(actual, expected, rtol=GPU_RTOL, atol=GPU_ATOL, err_msg=what)
+
+
+def released(refs: dict[str, weakref.ref]) -> list[str]:
+    """The names whose objects outlive a garbage collection: what something still holds."""
+    gc.collect()
+    return [name for name, ref in refs.items() if ref() is not None]
+
+
+def saved(model: retro.Model, path: Path) -> Path:
+    """The model's parameters as they are now, in a GGUF file: for an oracle that reloads them."""
+    model.save(path)
+    return path
 
 
 def changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> set[str]:

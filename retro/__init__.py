@@ -13,15 +13,16 @@ _cpu.check()
 from . import (
     _native,
     errors,
+    scoring,
 )
 from ._native_logs import recent_errors
 from .checkpoint import Checkpoint
 from .context import Context
-from .datasets import Dataset, TokenDataset, TopKDataset, WeightedDataset
+from .datasets import Dataset, PackedDataset, TokenDataset, TopKDataset, WeightedDataset
 from .devices import Device, devices
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
-from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, Schedule, Trainer
+from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, RowPlan, Schedule, Trainer
 
 __version__ = "0.1.0"
 
@@ -43,7 +44,9 @@ __all__ = [
     "EpochCallback",
     "EpochMetrics",
     "Model",
+    "PackedDataset",
     "Progress",
+    "RowPlan",
     "Schedule",
     "TokenDataset",
     "TopKDataset",
@@ -52,5 +55,6 @@ __all__ = [
     "build_info",
     "devices",
     "recent_errors",
+    "scoring",
 ]
 __all__ += errors.__all__

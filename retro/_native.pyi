@@ -64,9 +64,16 @@ class Context:
         n_ubatch: int,
         n_threads: int,
         adaptive_threads: bool,
+        sequences: int,
         transactions: Transactions | None = None,
     ) -> None: ...
     def close(self) -> None: ...
+    @property
+    def sequences(self) -> int: ...
+    @property
+    def packed_batch(self) -> tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    @property
+    def last_step_tokens(self) -> int: ...
     @property
     def closed(self) -> bool: ...
     @property
@@ -166,18 +173,28 @@ class EpochMetrics:
     @property
     def compute_s(self) -> float: ...
 
+class EpochData:
+    def __init__(
+        self,
+        tokens: npt.NDArray[np.int32],
+        targets: npt.NDArray[np.int32] | None,
+        weights: npt.NDArray[np.float32] | None,
+        documents: npt.NDArray[np.int32] | None,
+    ) -> None: ...
+
 class Trainer:
     def __init__(self, context: Context, optimizer: OptimizerSettings, accumulation: int) -> None: ...
     def epoch(
         self,
-        tokens: npt.NDArray[np.int32],
-        labels: npt.NDArray[np.int32],
-        weights: npt.NDArray[np.float32] | None,
+        data: EpochData,
         n_train: int,
         progress: Callable[[bool, int, int], bool] | None,
         epoch_callback: int,
         duty_cycle: float,
     ) -> EpochMetrics: ...
+    def plan(
+        self, data: EpochData, n_train: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     def set_schedule(self, schedule: Callable[[int, int], float] | None, horizon: int) -> None: ...
     def upstream_epoch(
         self, tokens: npt.NDArray[np.int32], labels: npt.NDArray[np.int32], n_train: int

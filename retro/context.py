@@ -22,6 +22,8 @@ from .transactions import Capture, Generation, TensorTransactions, TransactionFa
 # thread still inside one of its calls is let out before finalization begins: past that point
 # Python ends such a thread where it next takes the GIL, which may be inside native code.
 _WITH_TRANSACTIONS: weakref.WeakSet[Context] = weakref.WeakSet()
+#: llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context may have
+MAX_SEQUENCES = 256
 
 
 @atexit.register
@@ -35,10 +37,13 @@ def _close_at_exit() -> None:
 
 
 class Context(NativeHandle):
-    """A context on a model (sequence 0 only).
+    """A context on a model (decoding and generation use sequence 0).
 
     llama.cpp rounds ``n_ctx`` up to a multiple of 256. ``n_batch`` is the most tokens one
     :meth:`decode` takes; ``n_ubatch`` is the micro-batch a training step computes at once.
+    ``sequences`` is how many documents a training micro-batch may hold at once, for a
+    :class:`retro.PackedDataset` (each document is its own sequence); with more than one, the KV
+    cache is one stream that the sequences share (llama.cpp's kv_unified).
     """
 
     _h: _native.Context
@@ -51,6 +56,7 @@ class Context(NativeHandle):
         n_batch: int | None = None,
         n_ubatch: int | None = None,
         n_threads: int | None = None,
+        sequences: int = 1,
         transactions: TensorTransactions | None = None,
     ) -> None:
         if not isinstance(model, Model):
@@ -60,6 +66,7 @@ class Context(NativeHandle):
         n_ubatch = min(n_batch, 512) if n_ubatch is None else _checks.integer("n_ubatch", n_ubatch, minimum=1)
         if n_ubatch > n_batch:
             raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
+        sequences = _checks.integer("sequences", sequences, minimum=1, maximum=MAX_SEQUENCES)
         threads, adaptive = (
             _threads.default_threads()
             if n_threads is None
@@ -80,7 +87,7 @@ class Context(NativeHandle):
         self.transactions = transactions
         """The tensor transactions this context took when it was created, if any."""
         self._h = forwarding(_native.Context)(
-            model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, transactions._h if transactions else None
+            model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, sequences, transactions._h if transactions else None
         )
         if transactions is not None:
             _WITH_TRANSACTIONS.add(self)
@@ -88,6 +95,11 @@ class Context(NativeHandle):
     @property
     def n_ctx(self) -> int:
         return int(self._h.n_ctx)
+
+    @property
+    def sequences(self) -> int:
+        """Sequence ids a training micro-batch may use: the documents it may hold at once."""
+        return int(self._h.sequences)
 
     @property
     def n_batch(self) -> int:
@@ -149,7 +161,8 @@ class Context(NativeHandle):
         model of the same vocabulary, greedy speculative decoding: the draft proposes `n_draft`
         tokens and this context checks them in one decode; the tokens are the greedy ones. Both
         sequences must be empty. Every internal decode runs through each context's tensor
-        transactions; a failed one raises with `.tokens`, the tokens generated before it."""
+        transactions; a failed one raises with `.tokens`, the tokens generated before it. Ctrl-C
+        stops the generation at the next token: the KeyboardInterrupt carries `.tokens` too."""
         ids = _checks.token_array("prompt", prompt, self.model.n_vocab, ndim=1)
         max_new = _checks.integer("max_new", max_new, minimum=1, maximum=self.n_ctx)
         if not isinstance(temperature, (int, float)) or not 0.0 <= float(temperature) <= 100.0:

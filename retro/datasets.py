@@ -1,18 +1,48 @@
-"""Datasets a trainer consumes."""
+"""Datasets a trainer consumes. Each kind owns how it crosses into the native loop
+(``_epoch_data``: the arrays it lends an epoch call, in one descriptor), so that the trainer never
+asks which kind it holds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _native
+
+
+def _lend(
+    tokens: np.ndarray,
+    *,
+    targets: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+    documents: np.ndarray | None = None,
+) -> _native.EpochData:
+    """The arrays an epoch call reads in place: the caller's own, never a copy."""
+    if _checks.seeded("HOST-01"):  # seeded defect: a defensive copy of the caller's arrays
+        tokens = tokens.copy()
+        targets, weights, documents = (None if a is None else a.copy() for a in (targets, weights, documents))
+    return _native.EpochData(tokens, targets, weights, documents)
 
 
 class _Windows:
     """What every dataset says of its windows: tokens are int32 [n_windows, width]."""
 
     tokens: np.ndarray
+
+    def _epoch_data(self) -> _native.EpochData:
+        raise NotImplementedError
+
+    def _check_ids(self, n_vocab: int) -> None:
+        """Every id the call will read is in [0, n_vocab): a typed error before anything native."""
+        _checks.token_array("dataset.tokens", self.tokens, n_vocab, ndim=2)
+
+    def _check_weights(self) -> None:
+        """Every loss weight finite and >= 0."""
+        weights = getattr(self, "weights", None)
+        if weights is not None:
+            _checks.weights("dataset.weights", weights)
 
     @property
     def n_windows(self) -> int:
@@ -60,6 +90,13 @@ class TokenDataset(_Windows):
         if self.tokens.shape != self.labels.shape or self.tokens.ndim != 2:
             raise ValueError("tokens and labels must be 2-D arrays of one shape")
 
+    def _epoch_data(self) -> _native.EpochData:
+        return _lend(self.tokens, targets=self.labels)
+
+    def _check_ids(self, n_vocab: int) -> None:
+        super()._check_ids(n_vocab)
+        _checks.token_array("dataset.labels", self.labels, n_vocab, ndim=2)
+
 
 def _borrowable(name: str, arr: object, dtype: type[np.generic], ndim: int) -> np.ndarray:
     """The caller's own array, as the native loop will read it: never a converted copy."""
@@ -93,6 +130,13 @@ class WeightedDataset(_Windows):
         if not self.tokens.shape == self.labels.shape == self.weights.shape:
             raise ValueError("tokens, labels and weights must have one shape")
 
+    def _epoch_data(self) -> _native.EpochData:
+        return _lend(self.tokens, targets=self.labels, weights=self.weights)
+
+    def _check_ids(self, n_vocab: int) -> None:
+        super()._check_ids(n_vocab)
+        _checks.token_array("dataset.labels", self.labels, n_vocab, ndim=2)
+
 
 @dataclass(frozen=True)
 class TopKDataset(_Windows):
@@ -124,5 +168,140 @@ class TopKDataset(_Windows):
     def k(self) -> int:
         return int(self.ids.shape[2])
 
+    def _epoch_data(self) -> _native.EpochData:
+        return _lend(self.tokens, targets=self.ids, weights=self.weights)
 
-Dataset = TokenDataset | WeightedDataset | TopKDataset
+    def _check_ids(self, n_vocab: int) -> None:
+        super()._check_ids(n_vocab)
+        _checks.token_array("dataset.ids", self.ids, n_vocab, ndim=3)
+
+
+#: a packed window's padding: the tokens after its last document
+PADDING = -1
+
+
+@dataclass(frozen=True)
+class PackedDataset(_Windows):
+    """Several documents packed into each window (short chat turns, code files). ``documents[w, i]``
+    is the document of token i of window w: non-decreasing along the window, each run of one value
+    a document, and ``PADDING`` (-1) for the tokens after the last one. Each token is trained
+    towards the next token of its own document (with ``weights[w, i]``, 1 without weights; 0
+    masks it: a prompt), a document's last token towards nothing: no label crosses a boundary.
+    Positions restart at 0 in every document and attention stays inside it (each document is its
+    own sequence in the micro-batch), so a packed window trains as its documents would one by one.
+
+    A context for packed training needs a sequence id for every document one micro-batch touches
+    (``retro.Context(..., sequences=N)``; :meth:`sequences_needed` says how many). The arrays are
+    the caller's, borrowed as :class:`WeightedDataset`'s: tokens and weights are read in place at
+    each micro-batch, the documents once per call, when the row plan is built."""
+
+    tokens: np.ndarray  # int32 [n_windows, width]
+    documents: np.ndarray  # int32 [n_windows, width], non-decreasing, PADDING after the last document
+    weights: np.ndarray | None = None  # float32 [n_windows, width], finite and >= 0
+
+    def __post_init__(self) -> None:
+        _borrowable("tokens", self.tokens, np.int32, 2)
+        _borrowable("documents", self.documents, np.int32, 2)
+        if self.weights is not None:
+            _borrowable("weights", self.weights, np.float32, 2)
+        shapes = {a.shape for a in (self.tokens, self.documents, self.weights) if a is not None}
+        if len(shapes) != 1:
+            raise ValueError(f"tokens, documents and weights must have one shape, got {sorted(shapes)}")
+        _check_memberships(self.documents)
+
+    @classmethod
+    def pack(
+        cls,
+        documents: Sequence[np.ndarray | Sequence[int]],
+        *,
+        width: int,
+        pad_token: int = 0,
+        weights: Sequence[np.ndarray | Sequence[float]] | None = None,
+    ) -> PackedDataset:
+        """Documents (token sequences) packed first-fit into windows of ``width``: each document
+        goes into the first window with room for it (documents keep their order inside a window),
+        the rest of each window is padding. A document longer than the window is a ValueError
+        (split it first: a window is the longest context one trains)."""
+        width = _checks.integer("width", width, minimum=1)
+        pad = _checks.integer("pad_token", pad_token, minimum=0)
+        docs = [np.asarray(d) for d in documents]
+        if not docs:
+            raise ValueError("no documents to pack")
+        if weights is not None and len(weights) != len(docs):
+            raise ValueError(f"{len(weights)} weight arrays for {len(docs)} documents")
+        rows: list[list[int]] = []
+        free: list[int] = []  # tokens left in each window
+        for i, d in enumerate(docs):
+            if d.ndim != 1 or d.size == 0 or d.dtype.kind not in "iu":
+                raise ValueError(f"document {i} must be a non-empty 1-D integer sequence")
+            if d.size > width:
+                raise ValueError(f"document {i} has {d.size} tokens, more than the window's {width}")
+            fit = next((r for r, room in enumerate(free) if room >= d.size), None)
+            if fit is None:
+                rows.append([])
+                free.append(width)
+                fit = len(rows) - 1
+            rows[fit].append(i)
+            free[fit] -= d.size
+        tokens = np.full((len(rows), width), pad, dtype=np.int64)
+        members = np.full((len(rows), width), PADDING, dtype=np.int32)
+        w = None if weights is None else np.zeros((len(rows), width), dtype=np.float32)
+        for r, row in enumerate(rows):
+            at = 0
+            for i in row:
+                n = docs[i].size
+                tokens[r, at : at + n] = docs[i]
+                members[r, at : at + n] = i
+                if w is not None and weights is not None:
+                    wi = np.asarray(weights[i], dtype=np.float32)
+                    if wi.shape != docs[i].shape:
+                        raise ValueError(f"weights of document {i} have shape {wi.shape}, not {docs[i].shape}")
+                    w[r, at : at + n] = wi
+                at += n
+        if tokens.max() > _checks.INT32_MAX or tokens.min() < 0:
+            raise ValueError("token ids must be in [0, 2**31)")
+        return cls(tokens.astype(np.int32), members, w)
+
+    def sequences_needed(self, n_ubatch: int) -> int:
+        """The most documents one micro-batch of ``n_ubatch`` tokens touches: the sequences a
+        context needs to train this dataset."""
+        n_ubatch = _checks.integer("n_ubatch", n_ubatch, minimum=1)
+        if self.width % n_ubatch:
+            raise ValueError(f"the window width {self.width} is not a multiple of n_ubatch {n_ubatch}")
+        docs = self.documents.reshape(self.n_windows, self.width // n_ubatch, n_ubatch)
+        real = docs != PADDING
+        starts = np.zeros(docs.shape, dtype=bool)
+        starts[..., 1:] = (docs[..., 1:] != docs[..., :-1]) & real[..., 1:]
+        touched = starts.sum(axis=2) + real[..., 0]
+        return max(1, int(touched.max()))
+
+    @property
+    def logical_tokens(self) -> int:
+        """Tokens with a target of positive weight: the next token of the same document."""
+        nxt = np.zeros(self.documents.shape, dtype=bool)
+        nxt[:, :-1] = (self.documents[:, 1:] == self.documents[:, :-1]) & (self.documents[:, :-1] != PADDING)
+        if self.weights is not None:
+            nxt &= self.weights > 0
+        return int(nxt.sum())
+
+    def _epoch_data(self) -> _native.EpochData:
+        return _lend(self.tokens, weights=self.weights, documents=self.documents)
+
+
+def _check_memberships(documents: np.ndarray) -> None:
+    """Each window's document indices never decrease, and padding comes only after the last one."""
+    if documents.size == 0:
+        raise ValueError("documents is empty")
+    if int(documents.min()) < PADDING:
+        raise ValueError(f"document indices must be >= 0 (or {PADDING} for padding), found {int(documents.min())}")
+    real = documents != PADDING
+    if (real[:, 1:] & ~real[:, :-1]).any():
+        w = int(np.flatnonzero((real[:, 1:] & ~real[:, :-1]).any(axis=1))[0])
+        raise ValueError(f"window {w}: a document follows padding; padding ({PADDING}) only ends a window")
+    down = (documents[:, 1:] < documents[:, :-1]) & real[:, 1:]
+    if down.any():
+        w, i = (int(x[0]) for x in np.nonzero(down))
+        raise ValueError(f"window {w}: document indices decrease at token {i + 1}")
+
+
+Dataset = TokenDataset | WeightedDataset | TopKDataset | PackedDataset

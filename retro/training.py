@@ -16,7 +16,7 @@ from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .checkpoint import Checkpoint
 from .context import Context
-from .datasets import Dataset, TokenDataset, TopKDataset, WeightedDataset
+from .datasets import Dataset, PackedDataset, _Windows
 from .errors import InvalidStateError, PoisonedTrainerError
 
 
@@ -269,8 +269,8 @@ class Trainer(NativeHandle):
 
     # -- training -----------------------------------------------------------------------------
     def _split(self, dataset: Dataset, val_fraction: float) -> int:
-        if not isinstance(dataset, (TokenDataset, WeightedDataset, TopKDataset)):
-            raise TypeError("dataset must be a retro.TokenDataset, WeightedDataset or TopKDataset")
+        if not isinstance(dataset, _Windows):
+            raise TypeError("dataset must be a retro.TokenDataset, WeightedDataset, TopKDataset or PackedDataset")
         frac = _checks.real("val_fraction", val_fraction, low=0.0, high=1.0)
         if frac >= 1.0:
             raise ValueError("val_fraction must be < 1")
@@ -282,16 +282,17 @@ class Trainer(NativeHandle):
             )
         if n_ubatch == n_ctx and width != n_ctx:
             raise ValueError(f"with n_ubatch == n_ctx every window must hold exactly n_ctx ({n_ctx}) tokens")
-        n_vocab = self.context.model.n_vocab
         if not _checks.seeded("SHAPE-01"):  # seeded defect: token ids left to the native loop
-            _checks.token_array("dataset.tokens", dataset.tokens, n_vocab, ndim=2)
-            if isinstance(dataset, TopKDataset):
-                _checks.token_array("dataset.ids", dataset.ids, n_vocab, ndim=3)
-            else:
-                _checks.token_array("dataset.labels", dataset.labels, n_vocab, ndim=2)
-        if not isinstance(dataset, TokenDataset):
-            _checks.weights("dataset.weights", dataset.weights)
+            dataset._check_ids(self.context.model.n_vocab)
+        dataset._check_weights()
         _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
+        if isinstance(dataset, PackedDataset):
+            needed, have = dataset.sequences_needed(n_ubatch), self.context.sequences
+            if needed > have:
+                raise ValueError(
+                    f"one micro-batch of {n_ubatch} tokens touches up to {needed} documents, and this context has "
+                    f"{have} sequence{'s' if have > 1 else ''}: create it with retro.Context(..., sequences={needed})"
+                )
         return dataset.n_windows - math.ceil(dataset.n_windows * frac) if frac else dataset.n_windows
 
     @forwarding
@@ -309,7 +310,9 @@ class Trainer(NativeHandle):
         cancels: the finished micro-batch stays applied, an incomplete accumulation period is
         discarded, the rest (evaluation included) is skipped and the metrics say
         ``epoch_complete=False``. An exception raised by ``progress`` cancels the same way and is
-        re-raised here. ``epoch_callback`` (a :data:`EpochCallback`) is called after every
+        re-raised here, and so does Ctrl-C (a pending signal is raised at the next micro-batch
+        boundary, with or without a progress callback): either exception carries ``.metrics``, the
+        :class:`EpochMetrics` of the work that ran, and the trainer stays usable. ``epoch_callback`` (a :data:`EpochCallback`) is called after every
         micro-batch with upstream ggml's arguments. The dataset's arrays are read in place for
         the call: never copied, and not referenced once it returns."""
         n_train = self._split(dataset, val_fraction)
@@ -319,25 +322,39 @@ class Trainer(NativeHandle):
             raise TypeError("epoch_callback must be a retro.EpochCallback (ctypes) function")
         native_progress = None if progress is None else _wrap_progress(progress)
         address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0
-        tokens, targets, weights = _borrowed(dataset)
         if _checks.seeded("HOST-01.retained"):
             self._last_dataset = dataset  # seeded defect: the trainer keeps the caller's arrays
-        m = self._h.epoch(tokens, targets, weights, n_train, native_progress, address, self.duty_cycle)
+        try:
+            m = self._h.epoch(dataset._epoch_data(), n_train, native_progress, address, self.duty_cycle)
+        except BaseException as e:  # a callback's exception, or Ctrl-C: it carries what ran
+            ran = getattr(e, "metrics", None)
+            if isinstance(ran, _native.EpochMetrics):
+                e.metrics = EpochMetrics._from_native(ran)  # type: ignore[attr-defined]
+            raise
         return EpochMetrics._from_native(m)
 
+    def plan(self, dataset: Dataset, *, val_fraction: float = 0.0) -> RowPlan:
+        """The row plan an epoch call on ``dataset`` would iterate, as the native loop builds it:
+        which micro-batches run, their tokens (padding included) and each packed token's sequence
+        and position. Nothing is computed."""
+        n_train = self._split(dataset, val_fraction)
+        steps, seq, pos = self._h.plan(dataset._epoch_data(), n_train)
+        return RowPlan(steps, seq, pos)
 
-def _borrowed(dataset: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The arrays the native loop reads in place for the call: tokens, target ids, weights."""
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray | None]
-    if isinstance(dataset, TokenDataset):
-        arrays = (dataset.tokens, dataset.labels, None)
-    elif isinstance(dataset, WeightedDataset):
-        arrays = (dataset.tokens, dataset.labels, dataset.weights)
-    else:
-        arrays = (dataset.tokens, dataset.ids, dataset.weights)
-    if _checks.seeded("HOST-01"):  # seeded defect: a defensive copy of the caller's arrays
-        return tuple(None if a is None else a.copy() for a in arrays)  # type: ignore[return-value]
-    return arrays
+
+class RowPlan(NamedTuple):
+    """An epoch call's row plan. ``steps`` is int64 [micro-batches, 5]: window, offset of its first
+    token (into the flattened windows), tokens sent to compute, of them inside the window's active
+    span, and 1 for a training micro-batch (0: the evaluation tail). ``seq`` and ``pos`` give each
+    token of a packed dataset its sequence and position (empty for other datasets)."""
+
+    steps: np.ndarray
+    seq: np.ndarray
+    pos: np.ndarray
+
+    @property
+    def physical_tokens(self) -> int:
+        return int(self.steps[:, 2].sum())
 
 
 def _wrap_schedule(schedule: Schedule) -> Callable[[int, int], float]:

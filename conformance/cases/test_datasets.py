@@ -6,7 +6,6 @@ times the rate, so parameters show the gradient itself."""
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import numpy as np
@@ -78,7 +77,7 @@ def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, 
             _targets(caller["dataset"])[1] = _targets(rewrite)[0]
             caller["dataset"].weights[1] = rewrite.weights[0]
 
-    arrays = [weakref.ref(a) for a in (ds.tokens, _targets(ds), ds.weights)]
+    refs = {"tokens": weakref.ref(ds.tokens), "targets": weakref.ref(_targets(ds)), "weights": weakref.ref(ds.weights)}
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr:
             tr.epoch(ds, progress=rewrite_second_window)
@@ -91,8 +90,7 @@ def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, 
             # the trainer, its context and model are still open: none of them may hold the arrays
             del ds
             caller.clear()
-            gc.collect()
-            alive = [name for name, ref in zip(("tokens", "targets", "weights"), arrays) if ref() is not None]
+            alive = support.released(refs)
             expect(
                 "HOST-01", not alive, f"the caller dropped the dataset, yet its {alive} live on: something kept them"
             )

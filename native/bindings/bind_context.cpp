@@ -19,7 +19,7 @@ namespace retro::bindings {
 namespace {
 
 std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                                     int32_t n_threads, bool adaptive_threads,
+                                     int32_t n_threads, bool adaptive_threads, uint32_t sequences,
                                      std::shared_ptr<PendingTransactions> transactions) {
     if (transactions && llama_context_params_size() != sizeof(llama_context_params)) {
         throw Error(ErrorKind::Context,
@@ -29,13 +29,16 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     params.n_ctx                = n_ctx;
     params.n_batch              = n_batch;
     params.n_ubatch             = n_ubatch;
-    params.n_seq_max            = 1;
-    params.n_threads            = n_threads;
-    params.n_threads_batch      = n_threads;
-    params.no_perf              = true;
-    auto context                = std::make_shared<Context>();
-    context->model              = model;
-    context->threads            = ThreadGovernor(n_threads, adaptive_threads);
+    // packed training puts several documents (sequences) in one micro-batch: one KV stream for
+    // all of them, so that a micro-batch is never split by sequence
+    params.n_seq_max       = std::max<uint32_t>(1, sequences);
+    params.kv_unified      = sequences > 1;
+    params.n_threads       = n_threads;
+    params.n_threads_batch = n_threads;
+    params.no_perf         = true;
+    auto context           = std::make_shared<Context>();
+    context->model         = model;
+    context->threads       = ThreadGovernor(n_threads, adaptive_threads);
     if (transactions) {
         install(*context, params, *transactions);
     }
@@ -149,9 +152,21 @@ py::tuple generate(Context & c, const std::vector<int32_t> & prompt, int32_t max
     const int32_t draft_before = draft ? draft->n_past : 0;
     clear_recent_errors();
     Generation g;
+    // a pending signal (Ctrl-C) stops the generation at the next token: PyErr_CheckSignals leaves
+    // its exception set on this thread, raised below with the tokens made so far
+    const InterruptFn interrupted = [] {
+        py::gil_scoped_acquire acquire;
+        return PyErr_CheckSignals() != 0;
+    };
     {
         py::gil_scoped_release release;
-        g = retro::generate(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft);
+        g = retro::generate(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft,
+                            interrupted);
+    }
+    if (g.interrupted) {
+        py::error_already_set e;
+        e.value().attr("tokens") = py::cast(g.tokens);
+        throw e;
     }
     if (g.failed) {
         try {
@@ -191,7 +206,27 @@ void bind_context(py::module_ & m) {
             py::arg("model"), py::arg("n_tokens"), py::arg("n_outputs"), py::arg("n_threads"));
     py::class_<Context, std::shared_ptr<Context>>(m, "Context")
             .def(py::init(&new_context), py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"),
-                 py::arg("n_threads"), py::arg("adaptive_threads"), py::arg("transactions") = nullptr)
+                 py::arg("n_threads"), py::arg("adaptive_threads"), py::arg("sequences"),
+                 py::arg("transactions") = nullptr)
+            .def_property_readonly("sequences", [](const Context & self) { return llama_n_seq_max(self.get()); })
+            // the packed batch of the last training step as llama.cpp holds it: (address of its
+            // positions, positions, sequence ids)
+            .def_property_readonly("packed_batch",
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
+                                       const llama_pos * pos    = nullptr;
+                                       const llama_seq_id * seq = nullptr;
+                                       const int32_t n          = llama_opt_packed_batch(self.get(), &pos, &seq);
+                                       return py::make_tuple(reinterpret_cast<uintptr_t>(pos),
+                                                             py::array_t<int32_t>(n, pos),
+                                                             py::array_t<int32_t>(n, seq));
+                                   })
+            // tokens the last training step's graph computed, as llama.cpp split the micro-batch
+            .def_property_readonly("last_step_tokens",
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
+                                       return llama_opt_last_step_times(self.get()).n_tokens;
+                                   })
             .def_property_readonly("threads_now",
                                    [](const Context & self) { return llama_n_threads_batch(self.get()); })
             .def("close",

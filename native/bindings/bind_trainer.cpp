@@ -16,28 +16,69 @@ namespace {
 using Int32Array = py::array_t<int32_t, py::array::c_style>;
 using FloatArray = py::array_t<float, py::array::c_style>;
 
-// the windows of one epoch call; the arrays stay borrowed for the synchronous call. labels are
-// [n_windows][width] or [n_windows][width][k] target ids; weights, if given, have their shape.
-EpochRequest request_of(const Int32Array & tokens, const Int32Array & labels, const std::optional<FloatArray> & weights,
-                        int64_t n_train, double duty_cycle) {
-    if (tokens.ndim() != 2 || (labels.ndim() != 2 && labels.ndim() != 3) || tokens.shape(0) != labels.shape(0) ||
-        tokens.shape(1) != labels.shape(1)) {
-        throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
-    }
-    const int64_t k = labels.ndim() == 3 ? labels.shape(2) : 1;
-    if (weights && (weights->ndim() != labels.ndim() || weights->size() != labels.size())) {
-        throw std::invalid_argument("weights must have the shape of the targets");
+// What a dataset hands the native loop for one epoch call (each dataset kind builds its own, in
+// Python): its arrays, borrowed for the synchronous call. targets are [n_windows][width] or
+// [n_windows][width][k] ids and weights have their shape; a packed dataset has documents
+// ([n_windows][width]) instead of targets, and weights, if any, of the tokens' shape.
+struct EpochData {
+    Int32Array tokens;
+    std::optional<Int32Array> targets;
+    std::optional<FloatArray> weights;
+    std::optional<Int32Array> documents;
+};
+
+bool same_rows(const py::array & a, const py::array & b) {
+    return a.ndim() >= 2 && b.ndim() >= 2 && a.shape(0) == b.shape(0) && a.shape(1) == b.shape(1);
+}
+
+EpochRequest request_of(const EpochData & d, int64_t n_train, double duty_cycle) {
+    const Int32Array & tokens = d.tokens;
+    if (tokens.ndim() != 2 || d.targets.has_value() == d.documents.has_value()) {
+        throw std::invalid_argument("an epoch takes 2-D tokens and either targets or documents");
     }
     EpochRequest r;
+    if (d.targets) {
+        const Int32Array & labels = *d.targets;
+        if ((labels.ndim() != 2 && labels.ndim() != 3) || !same_rows(tokens, labels)) {
+            throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
+        }
+        if (d.weights && (d.weights->ndim() != labels.ndim() || d.weights->size() != labels.size())) {
+            throw std::invalid_argument("weights must have the shape of the targets");
+        }
+        const int64_t k = labels.ndim() == 3 ? labels.shape(2) : 1;
+        r.labels        = labels.data();
+        r.k = (int32_t) std::clamp<int64_t>(k, 0, LLAMA_OPT_MAX_TARGETS + 1);  // the core refuses out of range
+    } else {
+        if (d.documents->ndim() != 2 || !same_rows(tokens, *d.documents) ||
+            (d.weights && (d.weights->ndim() != 2 || !same_rows(tokens, *d.weights)))) {
+            throw std::invalid_argument("documents and weights must have the tokens' shape");
+        }
+        r.documents = d.documents->data();
+    }
     r.tokens     = tokens.data();
-    r.labels     = labels.data();
-    r.weights    = weights ? weights->data() : nullptr;
-    r.k          = (int32_t) std::clamp<int64_t>(k, 0, LLAMA_OPT_MAX_TARGETS + 1);  // the core refuses out of range
+    r.weights    = d.weights ? d.weights->data() : nullptr;
     r.n_windows  = tokens.shape(0);
     r.width      = tokens.shape(1);
     r.n_train    = n_train;
     r.duty_cycle = duty_cycle;
     return r;
+}
+
+// (steps: int64 [n][5] of window, offset, tokens, active tokens, train; seq; pos)
+py::tuple plan_to_python(const RowPlan & plan) {
+    py::array_t<int64_t> steps({(py::ssize_t) plan.steps.size(), (py::ssize_t) 5});
+    auto out = steps.mutable_unchecked<2>();
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+        const PlannedStep & s = plan.steps[i];
+        out(i, 0)             = s.window;
+        out(i, 1)             = s.offset;
+        out(i, 2)             = s.n_tokens;
+        out(i, 3)             = s.active;
+        out(i, 4)             = s.train ? 1 : 0;
+    }
+    py::array_t<int32_t> seq((py::ssize_t) plan.seq.size(), plan.seq.data());
+    py::array_t<int32_t> pos((py::ssize_t) plan.pos.size(), plan.pos.data());
+    return py::make_tuple(steps, seq, pos);
 }
 
 // A Python object that any thread may hold: it is released under the GIL whichever thread drops
@@ -49,16 +90,18 @@ std::shared_ptr<py::object> held_by_native(const py::object & o) {
     });
 }
 
-// A Python progress callback as the core's ProgressFn, called with the GIL taken.
+// The core's ProgressFn, called after every micro-batch with the GIL taken: a pending signal
+// (Ctrl-C's KeyboardInterrupt) is raised there, at the next micro-batch boundary, and cancels the
+// call as a callback's exception does; then the Python progress callback, if any.
 std::shared_ptr<const ProgressFn> progress_of(const py::object & progress) {
-    if (progress.is_none()) {
-        return nullptr;
-    }
-    return std::make_shared<const ProgressFn>(
-            [held = held_by_native(progress)](bool train, int64_t done, int64_t total) {
-                py::gil_scoped_acquire acquire;
-                return !(*held)(train, done, total).is(py::bool_(false));
-            });
+    auto held = progress.is_none() ? nullptr : held_by_native(progress);
+    return std::make_shared<const ProgressFn>([held](bool train, int64_t done, int64_t total) {
+        py::gil_scoped_acquire acquire;
+        if (PyErr_CheckSignals() != 0) {
+            throw py::error_already_set();
+        }
+        return !held || !(*held)(train, done, total).is(py::bool_(false));
+    });
 }
 
 // A Python schedule as the core's ScheduleFn, called with the GIL taken.
@@ -72,18 +115,24 @@ std::shared_ptr<const ScheduleFn> schedule_of(const py::object & schedule) {
     });
 }
 
-EpochMetrics epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels,
-                   const std::optional<FloatArray> & weights, int64_t n_train, const py::object & progress,
+EpochMetrics epoch(Trainer & t, const EpochData & data, int64_t n_train, const py::object & progress,
                    uintptr_t epoch_callback, double duty_cycle) {
-    EpochRequest r   = request_of(tokens, labels, weights, n_train, duty_cycle);
+    EpochRequest r   = request_of(data, n_train, duty_cycle);
     r.progress       = progress_of(progress);
     r.epoch_callback = reinterpret_cast<ggml_opt_epoch_callback>(epoch_callback);
-    py::gil_scoped_release release;
-    return t.epoch(r);
+    EpochMetrics ran;
+    try {
+        py::gil_scoped_release release;
+        return t.epoch(r, &ran);
+    } catch (py::error_already_set & e) {
+        // the callback's exception (or the signal's) carries the metrics of the work that ran
+        e.value().attr("metrics") = py::cast(ran);
+        throw;
+    }
 }
 
 EpochMetrics upstream_epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train) {
-    const EpochRequest r = request_of(tokens, labels, std::nullopt, n_train, 1.0);
+    const EpochRequest r = request_of(EpochData{tokens, labels, std::nullopt, std::nullopt}, n_train, 1.0);
     EpochMetrics m;
     py::gil_scoped_release release;
     t.upstream_epoch(r, m);
@@ -134,11 +183,28 @@ void bind_trainer(py::module_ & m) {
 #include "epoch_metrics.def"
 #undef X
 
+    py::class_<EpochData>(m, "EpochData")
+            .def(py::init<Int32Array, std::optional<Int32Array>, std::optional<FloatArray>,
+                          std::optional<Int32Array>>(),
+                 py::arg("tokens"), py::arg("targets"), py::arg("weights"), py::arg("documents"));
+
     py::class_<Trainer>(m, "Trainer")
             .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(), py::arg("context"),
                  py::arg("optimizer"), py::arg("accumulation"), py::call_guard<py::gil_scoped_release>())
-            .def("epoch", &epoch, py::arg("tokens"), py::arg("labels"), py::arg("weights"), py::arg("n_train"),
-                 py::arg("progress"), py::arg("epoch_callback"), py::arg("duty_cycle"))
+            .def("epoch", &epoch, py::arg("data"), py::arg("n_train"), py::arg("progress"), py::arg("epoch_callback"),
+                 py::arg("duty_cycle"))
+            .def(
+                    "plan",
+                    [](Trainer & t, const EpochData & data, int64_t n_train) {
+                        const EpochRequest r = request_of(data, n_train, 1.0);
+                        RowPlan plan;
+                        {
+                            py::gil_scoped_release release;
+                            plan = t.plan(r);
+                        }
+                        return plan_to_python(plan);
+                    },
+                    py::arg("data"), py::arg("n_train"))
             .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
             .def(
                     "set_schedule",

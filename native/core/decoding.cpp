@@ -57,8 +57,12 @@ int32_t decode_tokens(Context & c, const int32_t * tokens, int32_t n, const std:
 }
 
 Generation generate(Context & target, const std::vector<int32_t> & prompt, int32_t max_new, Sampling sampling,
-                    bool stop_at_eog, Context * draft, int32_t n_draft) {
+                    bool stop_at_eog, Context * draft, int32_t n_draft, const InterruptFn & interrupted) {
     Generation g;
+    auto stop_asked = [&] {
+        g.interrupted = interrupted && interrupted();
+        return g.interrupted;
+    };
     auto failed = [&g](Context & c, int32_t rc) {
         g.status = rc;
         g.failed = &c;
@@ -87,7 +91,7 @@ Generation generate(Context & target, const std::vector<int32_t> & prompt, int32
         return g;
     }
     if (!draft) {
-        while ((int32_t) g.tokens.size() < max_new) {
+        while ((int32_t) g.tokens.size() < max_new && !stop_asked()) {
             g.decodes += 1;
             if (failed(target, decode_tokens(target, &last, 1, {1}))) {
                 return g;
@@ -106,7 +110,7 @@ Generation generate(Context & target, const std::vector<int32_t> & prompt, int32
         return g;
     }
     std::vector<int32_t> behind;
-    while ((int32_t) g.tokens.size() < max_new) {
+    while ((int32_t) g.tokens.size() < max_new && !stop_asked()) {
         const int32_t base = target.n_past;  // position of `last`
         const int32_t k    = std::min(n_draft, max_new - (int32_t) g.tokens.size() - 1);
         std::vector<int32_t> proposal{last};

@@ -6,6 +6,7 @@
 #include "handles.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace retro {
@@ -26,13 +27,18 @@ struct Generation {
     int64_t decodes  = 0;         // llama_decode calls on the target
     int64_t drafted  = 0;         // tokens the draft proposed
     int64_t accepted = 0;         // of those, accepted by the target
+    bool interrupted = false;     // stopped because `interrupted` said so (a pending signal)
 };
+
+// Asked before every decode after the prompt's: true stops the generation there (the caller
+// raises what interrupted it, e.g. Ctrl-C's KeyboardInterrupt). May be empty.
+using InterruptFn = std::function<bool()>;
 
 // Append prompt to the sequence and generate up to max_new tokens (stopping after an
 // end-of-generation token when stop_at_eog). With a draft context, greedy speculative decoding:
 // the draft proposes n_draft tokens, the target checks them in one decode and keeps the longest
 // prefix it agrees with; the tokens are those plain greedy decoding gives.
 Generation generate(Context & target, const std::vector<int32_t> & prompt, int32_t max_new, Sampling sampling,
-                    bool stop_at_eog, Context * draft, int32_t n_draft);
+                    bool stop_at_eog, Context * draft, int32_t n_draft, const InterruptFn & interrupted = {});
 
 }  // namespace retro

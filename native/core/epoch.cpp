@@ -45,8 +45,11 @@ private:
 
 void check_request(const EpochRequest & r, int64_t n_ctx, int64_t n_ubatch) {
     // the Python layer validates and explains; these checks only keep the native loop memory-safe
-    if (!r.tokens || !r.labels || r.n_windows < 0 || r.n_train < 0 || r.n_train > r.n_windows) {
+    if (!r.tokens || (!r.labels && !r.documents) || r.n_windows < 0 || r.n_train < 0 || r.n_train > r.n_windows) {
         throw std::invalid_argument("tokens and labels must be 2-D arrays of one shape");
+    }
+    if (r.documents && (r.labels || r.k != 1)) {
+        throw std::invalid_argument("a packed dataset's targets are its documents' next tokens");
     }
     if (r.k < 1 || r.k > LLAMA_OPT_MAX_TARGETS) {
         throw std::invalid_argument("the targets per token must be in [1, LLAMA_OPT_MAX_TARGETS]");
@@ -70,7 +73,45 @@ int64_t weighted_tokens(const float * weights, int64_t n_tokens, int32_t k) {
 
 }  // namespace
 
-EpochMetrics Trainer::epoch(const EpochRequest & r) {
+RowPlan Trainer::plan_of(const EpochRequest & r, llama_context * lctx) const {
+    const TrainingGeometry geometry = training_geometry(lctx);
+    check_request(r, geometry.n_ctx, geometry.n_ubatch);
+    PlanInput in;
+    in.documents   = r.documents;
+    in.n_windows   = r.n_windows;
+    in.width       = r.width;
+    in.n_train     = r.n_train;
+    in.n_ubatch    = geometry.n_ubatch;
+    in.n_sequences = llama_n_seq_max(lctx);
+    return plan_rows(in, defects_);
+}
+
+RowPlan Trainer::plan(const EpochRequest & r) {
+    CallGuard call(held());
+    defects_ = Defects::current();
+    return plan_of(r, ctx());
+}
+
+int64_t Trainer::stage_packed_targets(const EpochRequest & r, const RowPlan & plan, const PlannedStep & step) {
+    staged_ids_.assign((size_t) step.n_tokens, 0);
+    staged_weights_.assign((size_t) step.n_tokens, 0.0f);
+    const int64_t row  = step.window * r.width;
+    const int64_t span = plan.spans[(size_t) step.window];
+    int64_t weighted   = 0;
+    for (int32_t i = 0; i < step.n_tokens; ++i) {
+        const int64_t t = step.offset + i;
+        // a token's target is the next token of its document: none for a document's last token
+        // (the next one starts another document at position 0) or past the window's active span
+        if (t + 1 - row < span && plan.pos[(size_t) (t + 1)] != 0) {
+            staged_ids_[(size_t) i]     = r.tokens[t + 1];
+            staged_weights_[(size_t) i] = r.weights ? r.weights[t] : 1.0f;
+            weighted += staged_weights_[(size_t) i] > 0.0f;
+        }
+    }
+    return weighted;
+}
+
+EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_error) {
     CallGuard call(held());
     llama_context * lctx            = ctx();
     ggml_opt_context_t opt          = llama_opt_get_context(lctx);
@@ -83,8 +124,8 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
     }
     defects_               = Defects::current();
     const Defects & defect = defects_;
+    RowPlan plan           = plan_of(r, lctx);  // once per call (HOST-03): the loop only iterates it
 
-    const int64_t per_window = r.width / n_ubatch;
     ResultPtr result_train(ggml_opt_result_init());
     ResultPtr result_eval(ggml_opt_result_init());
     const llama_model * model = context_->model->get();
@@ -115,78 +156,96 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
             break;
         }
         const bool train         = phase == 0;
-        const int64_t w_begin    = train ? 0 : r.n_train;
-        const int64_t w_end      = train ? r.n_train : r.n_windows;
-        const int64_t total      = (w_end - w_begin) * per_window;
+        const size_t s_begin     = train ? 0 : (size_t) plan.n_train_steps;
+        const size_t s_end       = train ? (size_t) plan.n_train_steps : plan.steps.size();
+        const int64_t total      = plan.steps_in(train);
         const int64_t t_phase_us = ggml_time_us();
         int64_t done             = 0;
         ggml_opt_result_t result = train ? result_train.get() : result_eval.get();
-        for (int64_t w = w_begin; w < w_end && !stopped; ++w) {
-            for (int64_t k = 0; k < per_window; ++k) {
-                if (debt_s > 0.0) {
-                    std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));
-                    m.throttle_s += debt_s;
-                    debt_s = 0.0;
+        for (size_t s = s_begin; s < s_end; ++s) {
+            const PlannedStep & step = plan.steps[s];
+            if (defect(RETRO_DEFECT_HOST_03_PER_WINDOW) && plan.packed &&
+                (s == s_begin || step.window != plan.steps[s - 1].window)) {
+                // seeded defect: each window's sequences are planned from the arrays as they are then
+                RowPlan again = plan_of(r, lctx);
+                plan.seq.swap(again.seq);
+                plan.pos.swap(again.pos);
+                plan.spans.swap(again.spans);
+            }
+            if (debt_s > 0.0) {
+                std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));
+                m.throttle_s += debt_s;
+                debt_s = 0.0;
+            }
+            if (defect(RETRO_DEFECT_CANCEL_03)) {
+                before_micro_batch.take(model);
+            }
+            // a micro-batch that closes a period takes an optimizer step: its scheduled rate is
+            // asked for first, so that a schedule that raises stops the call before the step
+            if (train && schedule_ && ggml_opt_period_pos(opt) == ggml_opt_period(opt) - 1 &&
+                !schedule_next_step(scope)) {
+                stopped = true;
+                break;
+            }
+            const int64_t off = step.offset;
+            // a token counts as logical when some target weighs it; every token is computed
+            const int64_t logical =
+                    plan.packed
+                            ? stage_packed_targets(r, plan, step)
+                            : (r.weights ? weighted_tokens(r.weights + off * r.k, step.n_tokens, r.k) : step.n_tokens);
+            context_->threads.apply(lctx);
+            const auto t_mb = Clock::now();
+            const int32_t status =
+                    plan.packed
+                            ? llama_opt_micro_batch_packed(lctx, r.tokens + off, staged_ids_.data(),
+                                                           staged_weights_.data(), 1, step.n_tokens,
+                                                           plan.seq.data() + off, plan.pos.data() + off, train, result)
+                            : llama_opt_micro_batch_targets(lctx, r.tokens + off, r.labels + off * r.k,
+                                                            r.weights ? r.weights + off * r.k : nullptr, r.k,
+                                                            step.n_tokens, (llama_pos) (off - step.window * r.width),
+                                                            train, result);
+            if (status != LLAMA_OPT_STATUS_OK) {
+                failed_status = status;
+                stopped       = true;
+                if (defect(RETRO_DEFECT_FAIL_02)) {  // seeded defect: the failed step is reported as done
+                    runtime_epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
                 }
+                if (defect(RETRO_DEFECT_FAIL_03)) {  // seeded defect: the cursor moves on
+                    ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);
+                }
+                break;
+            }
+            if (r.duty_cycle < 1.0) {
+                const double compute_s = std::chrono::duration<double>(Clock::now() - t_mb).count();
+                debt_s += compute_s * (1.0 - r.duty_cycle) / r.duty_cycle;
+            }
+            const llama_opt_step_times st = llama_opt_last_step_times(lctx);
+            m.staging_s += 1e-6 * (double) (st.prepare_us + st.inputs_us);
+            m.graph_build_s += 1e-6 * (double) st.graph_build_us;
+            m.backward_alloc_s += 1e-6 * (double) st.backward_alloc_us;
+            m.compute_s += 1e-6 * (double) st.compute_us;
+            ++done;
+            (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
+            m.logical_tokens += logical;
+            // padding included: the tokens this micro-batch sent to compute (HOST-04)
+            m.physical_tokens += defect(RETRO_DEFECT_HOST_04) ? step.active : step.n_tokens;
+            if (defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
+                stopped = true;  // seeded defect: the request is checked before the callback
+                break;
+            }
+            if (r.epoch_callback) {
+                r.epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
+            }
+            if (runtime_reached) {
+                runtime_epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
+            }
+            // the stop request is checked after each micro-batch callback, before the next compute
+            if (!defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
+                stopped = true;
                 if (defect(RETRO_DEFECT_CANCEL_03)) {
-                    before_micro_batch.take(model);
+                    before_micro_batch.restore();  // seeded defect: the finished micro-batch is undone
                 }
-                // a micro-batch that closes a period takes an optimizer step: its scheduled rate is
-                // asked for first, so that a schedule that raises stops the call before the step
-                if (train && schedule_ && ggml_opt_period_pos(opt) == ggml_opt_period(opt) - 1 &&
-                    !schedule_next_step(scope)) {
-                    stopped = true;
-                    break;
-                }
-                const int64_t off = w * r.width + k * n_ubatch;
-                context_->threads.apply(lctx);
-                const auto t_mb      = Clock::now();
-                const int32_t status = llama_opt_micro_batch_targets(
-                        lctx, r.tokens + off, r.labels + off * r.k, r.weights ? r.weights + off * r.k : nullptr, r.k,
-                        (int32_t) n_ubatch, (llama_pos) (k * n_ubatch), train, result);
-                if (status != LLAMA_OPT_STATUS_OK) {
-                    failed_status = status;
-                    stopped       = true;
-                    if (defect(RETRO_DEFECT_FAIL_02)) {  // seeded defect: the failed step is reported as done
-                        runtime_epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
-                    }
-                    if (defect(RETRO_DEFECT_FAIL_03)) {  // seeded defect: the cursor moves on
-                        ggml_opt_set_iter(opt, ggml_opt_get_iter(opt) + 1);
-                    }
-                    break;
-                }
-                if (r.duty_cycle < 1.0) {
-                    const double compute_s = std::chrono::duration<double>(Clock::now() - t_mb).count();
-                    debt_s += compute_s * (1.0 - r.duty_cycle) / r.duty_cycle;
-                }
-                const llama_opt_step_times st = llama_opt_last_step_times(lctx);
-                m.staging_s += 1e-6 * (double) (st.prepare_us + st.inputs_us);
-                m.graph_build_s += 1e-6 * (double) st.graph_build_us;
-                m.backward_alloc_s += 1e-6 * (double) st.backward_alloc_us;
-                m.compute_s += 1e-6 * (double) st.compute_us;
-                ++done;
-                (train ? m.train_micro_batches : m.eval_micro_batches) += 1;
-                // a token counts as logical when some target weighs it; every token is computed
-                m.logical_tokens += r.weights ? weighted_tokens(r.weights + off * r.k, n_ubatch, r.k) : n_ubatch;
-                m.physical_tokens += n_ubatch;
-                if (defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
-                    stopped = true;  // seeded defect: the request is checked before the callback
-                    break;
-                }
-                if (r.epoch_callback) {
-                    r.epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
-                }
-                if (runtime_reached) {
-                    runtime_epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
-                }
-                // the stop request is checked after each micro-batch callback, before the next compute
-                if (!defect(RETRO_DEFECT_CANCEL_02) && llama_opt_stop_requested(lctx)) {
-                    stopped = true;
-                    if (defect(RETRO_DEFECT_CANCEL_03)) {
-                        before_micro_batch.restore();  // seeded defect: the finished micro-batch is undone
-                    }
-                    break;
-                }
+                break;
             }
         }
     }
@@ -208,7 +267,29 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
     llama_memory_clear(llama_get_memory(lctx), true);
     context_->n_past = 0;
 
+    // what the metrics say of the work that ran, on the way out
+    const auto finish = [&] {
+        if (defect(RETRO_DEFECT_CANCEL_06)) {  // seeded defect: the planned work is reported
+            m.train_micro_batches = plan.n_train_steps;
+            m.logical_tokens = m.physical_tokens = (m.train_micro_batches + m.eval_micro_batches) * n_ubatch;
+        }
+        // complete when every planned micro-batch ran (a stop requested after the last one skips nothing)
+        m.epoch_complete = m.train_micro_batches == plan.steps_in(true) && m.eval_micro_batches == plan.steps_in(false);
+        m.optimizer_steps = ggml_opt_get_iter(opt) - iter0;
+        ggml_opt_result_loss(result_train.get(), &m.train_loss, &m.train_loss_unc);
+        ggml_opt_result_accuracy(result_train.get(), &m.train_accuracy, nullptr);
+        m.has_eval = m.eval_micro_batches > 0;
+        if (m.has_eval) {
+            ggml_opt_result_loss(result_eval.get(), &m.eval_loss, &m.eval_loss_unc);
+            ggml_opt_result_accuracy(result_eval.get(), &m.eval_accuracy, nullptr);
+        }
+        m.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    };
     if (scope.error) {
+        if (ran_before_error) {
+            finish();
+            *ran_before_error = m;
+        }
         std::rethrow_exception(std::exchange(scope.error, nullptr));
     }
     if (failed_status != LLAMA_OPT_STATUS_OK) {
@@ -218,22 +299,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r) {
         throw training_error(failed_status, defect(RETRO_DEFECT_FAIL_01));
     }
 
-    if (defect(RETRO_DEFECT_CANCEL_06)) {  // seeded defect: the planned work is reported
-        m.train_micro_batches = r.n_train * per_window;
-        m.logical_tokens = m.physical_tokens = (m.train_micro_batches + m.eval_micro_batches) * n_ubatch;
-    }
-    // complete when every planned micro-batch ran (a stop requested after the last one skips nothing)
-    m.epoch_complete  = m.train_micro_batches == r.n_train * per_window &&
-                        m.eval_micro_batches == (r.n_windows - r.n_train) * per_window;
-    m.optimizer_steps = ggml_opt_get_iter(opt) - iter0;
-    ggml_opt_result_loss(result_train.get(), &m.train_loss, &m.train_loss_unc);
-    ggml_opt_result_accuracy(result_train.get(), &m.train_accuracy, nullptr);
-    m.has_eval = m.eval_micro_batches > 0;
-    if (m.has_eval) {
-        ggml_opt_result_loss(result_eval.get(), &m.eval_loss, &m.eval_loss_unc);
-        ggml_opt_result_accuracy(result_eval.get(), &m.eval_accuracy, nullptr);
-    }
-    m.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    finish();
     return m;
 }
 

@@ -8,6 +8,7 @@
 #include "callback_scope.h"
 #include "defects.h"
 #include "handles.h"
+#include "row_plan.h"
 
 #include <cstdint>
 #include <functional>
@@ -32,15 +33,18 @@ struct EpochMetrics {
 };
 
 // One epoch call: windows [0, n_train) train, [n_train, n_windows) evaluate. The arrays are
-// row-major and borrowed for the call: tokens n_windows x width, labels and weights x k.
+// row-major and borrowed for the call: tokens n_windows x width, labels and weights x k. A packed
+// dataset gives documents instead of labels: each token is trained towards the next token of its
+// own document (weighted by weights[token], if given), a document's last token towards nothing.
 struct EpochRequest {
-    const int32_t * tokens = nullptr;
-    const int32_t * labels = nullptr;  // k target ids per token: [n_windows][width][k]
-    const float * weights  = nullptr;  // their weights, same shape; null weighs every target 1
-    int32_t k              = 1;
-    int64_t n_windows      = 0;
-    int64_t width          = 0;
-    int64_t n_train        = 0;
+    const int32_t * tokens    = nullptr;
+    const int32_t * labels    = nullptr;  // k target ids per token: [n_windows][width][k]
+    const float * weights     = nullptr;  // their weights, same shape; null weighs every target 1
+    const int32_t * documents = nullptr;  // packed: each token's document, [n_windows][width]
+    int32_t k                 = 1;
+    int64_t n_windows         = 0;
+    int64_t width             = 0;
+    int64_t n_train           = 0;
     std::shared_ptr<const ProgressFn> progress;        // may be empty
     ggml_opt_epoch_callback epoch_callback = nullptr;  // the caller's own C callback, may be null
     double duty_cycle                      = 1.0;
@@ -57,7 +61,12 @@ public:
     Trainer(const Trainer &)             = delete;
     Trainer & operator=(const Trainer &) = delete;
 
-    EpochMetrics epoch(const EpochRequest & request);
+    // A callback's exception (a progress callback's, or a pending signal the binding raises there)
+    // cancels the call and is re-thrown; ran_before_error, if given, then receives the metrics of
+    // the work that ran.
+    EpochMetrics epoch(const EpochRequest & request, EpochMetrics * ran_before_error = nullptr);
+    // the row plan an epoch call on this request would iterate (for checks; epoch builds its own)
+    RowPlan plan(const EpochRequest & request);
     // upstream's own loop (llama_opt_epoch) over the same windows: the oracle of epoch()
     void upstream_epoch(const EpochRequest & request, EpochMetrics & metrics);
     // one micro-batch of the fork's step, nothing around it (the KV cache keeps what the step
@@ -92,14 +101,20 @@ private:
 
     // the rate of the step the next micro-batch completes, from the schedule; false if it raised
     bool schedule_next_step(ProgressScope & scope);
+    RowPlan plan_of(const EpochRequest & request, llama_context * lctx) const;
+    // a packed step's targets, staged from the caller's tokens and weights and the plan's
+    // documents into arrays that keep their capacity (HOST-05); returns the weighted tokens
+    int64_t stage_packed_targets(const EpochRequest & r, const RowPlan & plan, const PlannedStep & step);
 
     std::shared_ptr<Context> context_;
     OptimizerSettings opt_;
     int32_t accumulation_;
     std::shared_ptr<const ScheduleFn> schedule_;
     int64_t horizon_ = 0;
-    float step_lr_   = 0.0f;  // the scheduled rate ggml's optimizer-parameter callback hands out
-    Defects defects_;         // the snapshot of the call in progress
+    float step_lr_   = 0.0f;           // the scheduled rate ggml's optimizer-parameter callback hands out
+    Defects defects_;                  // the snapshot of the call in progress
+    std::vector<int32_t> staged_ids_;  // a packed step's target ids and weights
+    std::vector<float> staged_weights_;
 };
 
 }  // namespace retro

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import _checks
@@ -18,6 +20,32 @@ def label_rows(context: Context) -> tuple[int, int]:
         raise TypeError("context must be a retro.Context")
     address, capacity = context._h.label_rows
     return int(address), int(capacity)
+
+
+class PackedBatch(NamedTuple):
+    """The packed batch of a context's last training step as llama.cpp holds it."""
+
+    address: int  # of its positions array (0 before the first step)
+    positions: np.ndarray  # int32, one per token
+    sequences: np.ndarray  # int32, one per token
+
+
+def packed_batch(context: Context) -> PackedBatch:
+    """The batch llama.cpp computed the last training step on: each token's position and sequence
+    id, and where the positions live. It keeps one token/membership geometry across steps and is
+    replaced when the token count or the membership changes."""
+    if not isinstance(context, Context):
+        raise TypeError("context must be a retro.Context")
+    address, positions, sequences = context._h.packed_batch
+    return PackedBatch(int(address), np.asarray(positions), np.asarray(sequences))
+
+
+def last_step_tokens(context: Context) -> int:
+    """Tokens the last training step's graph computed, as llama.cpp split its micro-batch (padding
+    included): what throughput counts as physical tokens."""
+    if not isinstance(context, Context):
+        raise TypeError("context must be a retro.Context")
+    return int(context._h.last_step_tokens)
 
 
 @forwarding
