@@ -173,6 +173,8 @@ class EpochMetrics:
     @property
     def compute_s(self) -> float: ...
 
+def live_allocations() -> tuple[int, int]: ...
+
 class EpochData:
     def __init__(
         self,

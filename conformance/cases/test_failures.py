@@ -11,7 +11,7 @@ import retro
 import retro.fault_injection as fi
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect
-from retro.testing import micro_batch
+from retro.testing import live_allocations, micro_batch
 
 # site -> (its FAIL-04 sub-clause, the error class, the line the native library logs there)
 BEFORE_COMPUTE = {
@@ -142,6 +142,20 @@ def _check_state_dropped(backend, model_path, seed, site):
         expect(clause, bool(live), f"{site}: no accumulator exists after a backward pass")
         nonzero = [n for n in live if np.any(accs[n] != 0)]
         expect(clause, not nonzero, f"{site}: partial gradients kept in {nonzero[:3]}")
+        # no leaked allocation: the same step failed again and again holds nothing more (ggml's own
+        # counts of live contexts and backend buffers, patch 0029)
+        held = []
+        for _ in range(3):
+            fi.reset()
+            fi.arm(site, 1)
+            with pytest.raises(retro.BeforeComputeError):
+                micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+            held.append(live_allocations())
+        expect(
+            "FAIL-04",
+            held[0] == held[1] == held[2],
+            f"{site}: each failure of the same step left more allocated: (contexts, buffers) {[tuple(h) for h in held]}",
+        )
         # a failing epoch call leaves no sequence behind: the next decode starts at position 0, as
         # one does after an explicit reset of the context
         fi.reset()

@@ -48,6 +48,8 @@ py::list devices() {
 
 void bind_runtime(py::module_ & m) {
     m.def("build_info", []() { return std::string(RETRO_BUILD_INFO); });
+    // (ggml contexts, backend buffers) alive in the process, counted where ggml makes and frees them
+    m.def("live_allocations", []() { return py::make_tuple(ggml_live_contexts(), ggml_backend_live_buffers()); });
     m.def("devices", &devices);
     m.def("drain_logs", &drain_logs);
     m.def("recent_errors", &recent_errors);

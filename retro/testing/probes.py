@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _native
 from .._native_logs import forwarding
 from ..context import Context
 from ..training import Trainer
@@ -38,6 +38,20 @@ def packed_batch(context: Context) -> PackedBatch:
         raise TypeError("context must be a retro.Context")
     address, positions, sequences = context._h.packed_batch
     return PackedBatch(int(address), np.asarray(positions), np.asarray(sequences))
+
+
+class LiveAllocations(NamedTuple):
+    """What ggml holds in the whole process, counted where the fork makes and frees it."""
+
+    contexts: int  # ggml contexts (graph and tensor metadata)
+    buffers: int  # backend buffers, of every backend (weights, optimizer state, compute)
+
+
+def live_allocations() -> LiveAllocations:
+    """The ggml contexts and backend buffers alive now (patch 0029): equal counts before and after
+    an operation that should hold nothing new show that it leaked nothing."""
+    contexts, buffers = _native.live_allocations()
+    return LiveAllocations(int(contexts), int(buffers))
 
 
 def last_step_tokens(context: Context) -> int:
