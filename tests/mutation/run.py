@@ -134,6 +134,10 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool) -> tuple[in
         str(out),
         "--case-timeout",
         str(timeout),
+        # a clause whose implemented part passes (HOST-08: the fused head is not built) still
+        # measures: its checks run and must kill mutants
+        "--gate",
+        "covered",
     ]
     run = sh([*cmd, *([] if defects else ["--no-defects"])], env=site_env(site), cwd=out.parent)
     results = out / "results.json"
