@@ -373,7 +373,7 @@ def _documents(n_vocab: int, n: int, mean: int, seed: int = 5) -> list[np.ndarra
     return [rng.integers(0, n_vocab, size=int(k), dtype=np.int32) for k in rng.integers(2, 2 * mean - 1, size=n)]
 
 
-def packed_throughput(model: Path, *, threads: int, n_ubatch: int, reps: int) -> dict[str, float]:
+def packed_throughput(model: Path, *, threads: int | None, n_ubatch: int, reps: int) -> dict[str, float]:
     """The same documents packed first-fit into 256-token windows and one per window: physical
     tokens per logical token, and logical tokens per second (median epoch), epochs alternating."""
     import retro
@@ -413,7 +413,8 @@ def packed_table(model: Path, *, reps: int) -> list[dict[str, object]]:
     print("packed windows vs one document per window (256 documents, mean 32 tokens, 256-token windows)")
     rows: list[dict[str, object]] = []
     for n_ubatch in (64, 256):
-        r = packed_throughput(model, threads=2, n_ubatch=n_ubatch, reps=reps)
+        # the default thread policy (the free cores): a fixed count collapses on a loaded machine
+        r = packed_throughput(model, threads=None, n_ubatch=n_ubatch, reps=reps)
         rows.append({"n_ubatch": n_ubatch, **r})
         print(
             f"  n_ubatch {n_ubatch:3}: physical/logical packed {r['packed_physical_per_logical']:.3f}, one per window "

@@ -3,7 +3,15 @@ training loop as an oracle, and probes of native state."""
 
 from .models import TinyLlamaSpec, write_tiny_llama
 from .oracle import upstream_epoch
-from .probes import LiveAllocations, PackedBatch, label_rows, last_step_tokens, live_allocations, micro_batch, packed_batch
+from .probes import (
+    LiveAllocations,
+    PackedBatch,
+    label_rows,
+    last_step_tokens,
+    live_allocations,
+    micro_batch,
+    packed_batch,
+)
 
 __all__ = [
     "LiveAllocations",
