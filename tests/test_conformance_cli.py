@@ -22,7 +22,9 @@ def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=900,
+        # a full certification takes about 2 minutes on 2 idle cores; xdist runs it beside the
+        # mutation and unpatched builds, and a loaded machine may slow it several times over
+        timeout=2400,
     )
     res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     return proc.returncode, res, proc.stdout + proc.stderr
