@@ -30,6 +30,8 @@ from . import registry, results
 CASES_DIR = Path(__file__).parent / "cases"
 INI = Path(__file__).parent / "pytest.ini"
 MAX_RESTARTS = 50
+#: the outcomes of a check that --exitfirst stops at
+FAILED = ("fail", "crash", "survived")
 
 
 def _read_log(path: Path) -> tuple[list[dict], dict | None]:
@@ -122,6 +124,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
             cmd.append(f"--clauses={args.clauses}")
         if args.no_defects:
             cmd.append("--no-defects")
+        if args.exitfirst:
+            cmd.append("--exitfirst")
         if args.keyword:
             cmd += ["-k", args.keyword]
         cmd += [f"--deselect={n}" for n in skip]
@@ -161,6 +165,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
             }
         )
         skip.append(crashed["nodeid"])
+        if args.exitfirst:
+            return cases
         if args.progress:
             print(f"  {name}       {crashed['id']}: crash ({what}); going on with the cases after it", flush=True)
     # every case crashing (a broken build): what ran is reported, the rest is one crash record
@@ -199,9 +205,15 @@ def run_info(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "selection": args.clauses or "all",
         "seeded_defects": not args.no_defects,
-        **({"partial": f"-k {args.keyword}"} if args.keyword else {}),
+        **({"partial": _partial(args)} if args.keyword or args.exitfirst else {}),
         "command": " ".join(["retro-conformance", *sys.argv[1:]]),
     }
+
+
+def _partial(args: argparse.Namespace) -> str:
+    """What keeps a run from judging a whole backend, even where every check it ran passed."""
+    parts = [f"-k {args.keyword}"] if args.keyword else []
+    return "; ".join([*parts, *(["--exitfirst: stops at the first failure"] if args.exitfirst else [])])
 
 
 def certify(args: argparse.Namespace) -> int:
@@ -225,13 +237,15 @@ def certify(args: argparse.Namespace) -> int:
         found = backends_mod.discover_isolated({**os.environ, **env})
         for name in requested:
             b = found[name]
-            if b.available:
+            if args.exitfirst and any(c["outcome"] in FAILED for c in cases):
+                print(f"{name}: not run (--exitfirst: a check has failed)", flush=True)
+            elif b.available:
                 print(f"certifying {name}: {b.description}", flush=True)
                 cases += run_backend(name, args, Path(tmp), env if name == "rpc" else {})
             else:
                 print(f"{name}: not available ({b.reason})", flush=True)
     expectations = {n: results.load_expectations(n) for n in requested}
-    if not (args.clauses or args.keyword):  # only a full run can tell an entry is stale
+    if not (args.clauses or args.keyword or args.exitfirst):  # only a full run can tell an entry is stale
         for n in requested:
             stale = results.stale_expectations(n, expectations[n], cases) if found[n].available else []
             if stale:
@@ -312,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument("--seed", type=int, default=0, help="seed of the generated models and data")
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
+    c.add_argument(
+        "-x",
+        "--exitfirst",
+        action="store_true",
+        help="stop at the first check that fails, crashes or lets its seeded defect survive, and run no "
+        "further backend (a mutation run needs one failure; the clauses not reached read not covered)",
+    )
     c.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     c.add_argument("-q", "--quiet", dest="progress", action="store_false", help="no line per finished case")

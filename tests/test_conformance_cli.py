@@ -102,6 +102,25 @@ def test_crashing_and_hanging_cases_are_isolated_and_the_run_goes_on(tmp_path):
     assert res["clauses"]["BASE-01"]["cpu"] == "not covered"  # --no-defects: not shown able to fail
 
 
+def test_exitfirst_stops_at_the_first_failure_and_never_certifies(tmp_path):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_first.py").write_text(
+        "import pytest\nfrom retro.conformance.evidence import expect\n"
+        "@pytest.mark.clause('BASE-01')\ndef test_a(backend):\n    expect('BASE-01', True)\n"
+        "@pytest.mark.clause('BASE-02')\ndef test_b(backend):\n    expect('BASE-02', False)\n"
+        "@pytest.mark.clause('BASE-03')\ndef test_c(backend):\n    expect('BASE-03', True)\n"
+    )
+    rc, res, log = certify(tmp_path, "--cases", "cases", "--no-defects", "--clauses", "BASE", "--exitfirst")
+    assert rc == 1, log
+    assert {c["id"]: c["outcome"] for c in res["cases"]} == {
+        "test_first.py::test_a": "pass",
+        "test_first.py::test_b": "fail",
+    }
+    assert "exitfirst" in res["run"]["partial"] and res["verdict"] == {"cpu": "not certified"}
+    assert res["clauses"]["BASE-03"]["cpu"] == "not covered"
+
+
 def test_bad_arguments_exit_2(tmp_path):
     rc, _, log = certify(tmp_path, "--backend", "tpu")
     assert rc == 2 and "unknown backend" in log
