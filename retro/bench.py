@@ -12,6 +12,9 @@
 - packed: packed windows against one document per window, on the same documents (mean length 32,
   256-token windows): physical tokens per logical token and logical tokens per second, alternating
   epoch by epoch.
+- heads: the dense and the fused cross-entropy head on the same top-k targets (vocab 32768, k 8
+  and 64, 256-token micro-batches): host label memory (read back from llama.cpp), each head's
+  peak resident memory in a process of its own, and seconds per micro-batch, trainers alternating.
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
   spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
   settings once, at load), taking turns epoch by epoch.
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import retro
     from retro.devices import Device
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -425,12 +429,99 @@ def packed_table(model: Path, *, reps: int) -> list[dict[str, object]]:
     return rows
 
 
+HEADS_VOCAB = 32768
+
+
+def _top_k_windows(n_vocab: int, k: int, n_windows: int = 4, seed: int = 6) -> retro.TopKDataset:
+    import retro
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, n_vocab, size=(n_windows, 256), dtype=np.int32)
+    ids = rng.integers(0, n_vocab, size=(n_windows, 256, k), dtype=np.int32)
+    weights = (rng.random(size=ids.shape, dtype=np.float32) / k).astype(np.float32)
+    return retro.TopKDataset(tokens, ids, weights)
+
+
+def head_peak(model: Path, head: str, k: int, epochs: int = 3) -> dict[str, float]:
+    """One head alone in this process: its label arrays (read back from llama.cpp) and the
+    process's peak resident memory after a few epochs; run in a child process per head."""
+    import resource
+
+    import retro
+    from retro.testing import label_rows, sparse_targets
+
+    ds = _top_k_windows(HEADS_VOCAB, k)
+    with (
+        retro.Model.load(model, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_ubatch=256) as c,
+        retro.Trainer(c, optimizer=retro.SGD(lr=1e-3), head=head) as tr,
+    ):
+        for _ in range(epochs):
+            tr.epoch(ds)
+        labels = 4 * (label_rows(c)[1] + sparse_targets(c))
+    # VmHWM: this process image's own peak (ru_maxrss would keep the forking parent's across exec)
+    status = Path("/proc/self/status")
+    hwm = next((ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")), "") if status.exists() else ""
+    peak = int(hwm.split()[1]) * 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"host_label_bytes": labels, "peak_rss_bytes": peak}
+
+
+def heads_compare(model: Path, k: int, *, reps: int) -> dict[str, float]:
+    """The dense and the fused head on the same top-k windows (vocab 32768, 256-token
+    micro-batches): seconds per micro-batch (median epoch, trainers alternating), label memory and
+    the peak resident memory of a process training with that head alone."""
+    import retro
+
+    ds = _top_k_windows(HEADS_VOCAB, k)
+    times: dict[str, list[float]] = {"dense": [], "fused": []}
+    with retro.Model.load(model, devices=[], trainable=True) as m, retro.Context(m, n_ctx=256, n_ubatch=256) as c:
+        for rep in range(reps + 1):
+            for head in times:
+                with retro.Trainer(c, optimizer=retro.SGD(lr=1e-3), head=head) as tr:
+                    t = time.perf_counter()
+                    mt = tr.epoch(ds)
+                    if rep:  # the first round warms up
+                        times[head].append((time.perf_counter() - t) / mt.train_micro_batches)
+    out: dict[str, float] = {}
+    for head in times:
+        code = f"import json, sys; from retro.bench import head_peak; print(json.dumps(head_peak(sys.argv[1], {head!r}, {k})))"
+        run = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True, check=True)
+        peak = json.loads(run.stdout.strip().splitlines()[-1])
+        out[f"{head}_s_per_micro_batch"] = statistics.median(times[head])
+        out[f"{head}_host_label_bytes"] = peak["host_label_bytes"]
+        out[f"{head}_peak_rss_bytes"] = peak["peak_rss_bytes"]
+    out["label_memory_ratio"] = out["fused_host_label_bytes"] / out["dense_host_label_bytes"]
+    out["peak_rss_ratio"] = out["fused_peak_rss_bytes"] / out["dense_peak_rss_bytes"]
+    out["speedup"] = out["dense_s_per_micro_batch"] / out["fused_s_per_micro_batch"]
+    return out
+
+
+def heads_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
+    from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+    model = write_tiny_llama(folder / "vocab32k.gguf", TinyLlamaSpec(n_vocab=HEADS_VOCAB, seed=3))
+    print(f"dense vs fused cross-entropy head (top-k targets, vocab {HEADS_VOCAB}, n_ubatch 256)")
+    rows: list[dict[str, object]] = []
+    for k in (8, 64):
+        r = heads_compare(model, k, reps=reps)
+        rows.append({"k": k, **r})
+        print(
+            f"  k {k:2}: host label memory fused/dense {r['label_memory_ratio']:.4f} "
+            f"({r['fused_host_label_bytes'] / 2**20:.2f} vs {r['dense_host_label_bytes'] / 2**20:.1f} MiB), "
+            f"peak RSS {r['peak_rss_ratio']:.3f} ({r['fused_peak_rss_bytes'] / 2**20:.0f} vs "
+            f"{r['dense_peak_rss_bytes'] / 2**20:.0f} MiB); s per micro-batch fused {r['fused_s_per_micro_batch'] * 1e3:.0f} "
+            f"ms, dense {r['dense_s_per_micro_batch'] * 1e3:.0f} ms: x{r['speedup']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
-        "--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "packed", "load"]
+        "--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "packed", "heads", "load"]
     )
     args = ap.parse_args(argv)
     report: dict[str, object] = {
@@ -458,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             report["transactions"] = transaction_table(Path(tmp), reps=args.reps)
         if "packed" not in args.skip:
             report["packed"] = packed_table(model, reps=args.reps)
+        if "heads" not in args.skip:
+            report["heads"] = heads_table(Path(tmp), reps=args.reps)
         if "load" not in args.skip:
             report["load"] = load_table(model, reps=args.reps)
     if args.json:

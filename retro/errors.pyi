@@ -56,6 +56,11 @@ class GraphBuildError(BeforeComputeError):
 class AllocationError(BeforeComputeError):
     """The graph of a training step could not be allocated."""
 
+class UnsupportedHeadError(BeforeComputeError):
+    """The backend that runs the output layer lacks an op of the fused cross-entropy head; the step
+    failed before anything was allocated. Its message names the op and the backend; train with
+    the dense head there."""
+
 class ComputeError(TrainingError):
     """The backend compute failed. The backend may have written part of the parameters, which
     cannot be rolled back: the trainer refuses every later call. Recreate it and restore a
@@ -64,4 +69,4 @@ class ComputeError(TrainingError):
 class PoisonedTrainerError(TrainingError):
     """Refused: an earlier backend compute failed on this trainer."""
 
-__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'ComputeError', 'PoisonedTrainerError']
+__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError']

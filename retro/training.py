@@ -116,6 +116,10 @@ class EpochMetrics:
         return cls(**values)
 
 
+#: the loss heads a trainer can use (see :class:`Trainer`)
+HEADS = ("dense", "fused")
+
+
 class Trainer(NativeHandle):
     """Trains every trainable weight of a context's model (see :class:`retro.Model` for the
     limits of the pinned llama.cpp). ``accumulation`` micro-batches of ``n_ubatch`` tokens make one
@@ -129,7 +133,17 @@ class Trainer(NativeHandle):
     the rate of each optimizer step (0-based, of ``horizon`` planned steps) just before the
     micro-batch that takes it, and ggml's optimizer-parameter callback hands that rate out. A
     schedule that raises, or returns a rate that is not finite and > 0, cancels the call before
-    that step (as a progress callback that raises does) and its exception is re-raised."""
+    that step (as a progress callback that raises does) and its exception is re-raised.
+
+    ``head`` is the loss head. ``"dense"`` (the default): ggml's cross-entropy over a [vocab x
+    tokens] label tensor, filled on the host and copied to the device every micro-batch.
+    ``"fused"``: the cross-entropy of each token's k weighted targets, gathered from the softmax
+    of the logits: no dense label tensor on the host or the device, k (index, weight) pairs and one
+    best id per token instead (a probability below 1e-30 counts as 1e-30). Both train the same
+    loss; the fused head saves the label memory and its copy (a top-k dataset at a large
+    vocabulary), the dense head is ggml's own fused kernel (small vocabularies, one label per
+    token). A backend that cannot run an op of the fused head fails the step with
+    :class:`retro.UnsupportedHeadError` before anything is allocated."""
 
     _h: _native.Trainer
 
@@ -142,6 +156,7 @@ class Trainer(NativeHandle):
         duty_cycle: float = 1.0,
         schedule: Schedule | None = None,
         horizon: int | None = None,
+        head: str = "dense",
     ) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
@@ -155,6 +170,8 @@ class Trainer(NativeHandle):
             raise TypeError("schedule must be callable: schedule(step, horizon) -> learning rate")
         if (schedule is None) != (horizon is None):
             raise ValueError("a schedule and its horizon (the planned optimizer steps) come together")
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, not {head!r}")
         steps = None if horizon is None else _checks.integer("horizon", horizon, minimum=1, maximum=_checks.INT64_MAX)
         if context.closed:
             raise ValueError("the context is closed")
@@ -171,6 +188,9 @@ class Trainer(NativeHandle):
         self.accumulation = accumulation
         self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
         self.schedule, self.horizon = schedule, steps
+        self.head = head
+        if head == "fused":
+            self._h.set_head(True)
         if schedule is not None and steps is not None:
             self._h.set_schedule(_wrap_schedule(schedule), steps)
 

@@ -13,8 +13,8 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import against_oracle, bound, expect
-from retro.testing import label_rows, micro_batch
+from retro.conformance.evidence import against_oracle, bound, expect, nmse
+from retro.testing import label_rows, micro_batch, sparse_targets
 
 WIDTH = 256
 # powers of two: sums and doublings of these weights are exact in float32
@@ -22,6 +22,9 @@ WEIGHTS = np.array([0.0, 0.125, 0.25, 0.5, 1.0], dtype=np.float32)
 #: NMSE of a step's update against the CPU's: 7.5e-7 at most measured on Vulkan (lavapipe); a
 #: gradient kernel that ignores the label rows' sums is off by O(1)
 UPDATE_NMSE = 1e-5
+#: NMSE of the fused head's update, repeated ids against their merged weights: the same sum up to
+#: float32 rounding (a dropped weight is off by O(1))
+MERGED_NMSE = 1e-8
 
 
 def _n_vocab(backend, model_path) -> int:
@@ -51,10 +54,10 @@ def _targets(ds: retro.WeightedDataset | retro.TopKDataset) -> np.ndarray:
     return ds.labels if isinstance(ds, retro.WeightedDataset) else ds.ids
 
 
-def _train(backend, model_path, *datasets, lr: float = 0.125, progress=None):
+def _train(backend, model_path, *datasets, lr: float = 0.125, progress=None, head: str = "dense"):
     """Parameters and metrics of a fresh load trained on each dataset in turn, one context."""
     with support.load(backend, model_path) as model, support.context(model) as ctx:
-        with retro.Trainer(ctx, optimizer=retro.SGD(lr=lr)) as tr:
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=lr), head=head) as tr:
             metrics = [tr.epoch(ds, progress=progress) for ds in datasets]
         return model.parameters(), metrics
 
@@ -121,6 +124,45 @@ def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, se
     )
 
 
+@pytest.mark.clause("HOST-02")
+def test_top_k_batches_on_the_fused_head_keep_no_vocabulary_wide_rows(backend, seed, tmp_path_factory):
+    """A top-k epoch on the fused head (k 64, micro-batches of 32 tokens), at vocab 512 and at
+    vocab 32768. Read back from llama.cpp after every step: the dense [vocab x tokens] label rows
+    are never allocated (capacity 0), and the host arrays of the targets hold what the device
+    inputs need, k indices and k weights and one best id per token, at both vocabularies alike
+    and with one capacity across steps: label memory O(tokens x k) for the step, not
+    O(tokens x vocab), and nothing allocated per callback. (The dense head's rows are HOST-05's.)"""
+    k, width = 64, 32
+    folder = tmp_path_factory.mktemp("vocab")
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for n_vocab in (512, 32768):
+        path = support.model_file(folder, seed, n_vocab=n_vocab)
+        rng = np.random.default_rng(seed + 68)
+        tokens = rng.integers(0, n_vocab, size=(3, width), dtype=np.int32)
+        ids = rng.integers(0, n_vocab, size=(3, width, k), dtype=np.int32)
+        weights = rng.random(size=ids.shape, dtype=np.float32) / k
+        with (
+            support.load(backend, path) as model,
+            support.context(model, n_ctx=width, n_ubatch=width) as ctx,
+            retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125), head="fused") as tr,
+        ):
+            steps = seen[n_vocab] = []
+            tr.epoch(
+                retro.TopKDataset(tokens, ids, weights),
+                progress=lambda p: steps.append((label_rows(ctx)[1], sparse_targets(ctx))),
+            )
+    per_step = (2 * k + 1) * width
+    for n_vocab, steps in seen.items():
+        dense = [rows for rows, _ in steps if rows]
+        expect("HOST-02", not dense, f"vocab {n_vocab}: dense label rows of {dense[:1]} floats were allocated")
+        expect(
+            "HOST-02",
+            {held for _, held in steps} == {per_step},
+            f"vocab {n_vocab}: target arrays held {sorted({held for _, held in steps})} elements, "
+            f"{per_step} = (2k + 1) x tokens needed",
+        )
+
+
 @pytest.mark.clause("HOST-07")
 @pytest.mark.parametrize("kind", ["weighted", "top-k"])
 def test_label_rows_are_written_whole_on_every_pass(backend, model_path, seed, kind):
@@ -153,11 +195,14 @@ def _reference_loss(logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) ->
 
 
 @pytest.mark.clause("HOST-08")
-def test_repeated_target_ids_add_their_weights(backend, model_path, seed):
+@pytest.mark.parametrize("head", retro.training.HEADS)
+def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
     """Top-k targets whose first two ids are one id: (a, w0), (a, w1), (b, w2). They train exactly
     as the merged targets (a, w0 + w1), (b, w2), (c, 0); the loss equals numpy's weighted
     cross-entropy over the model's logits; and the gradient is linear in the weights, as the loss
-    is: doubled weights at half the rate give the same step (the weights need not sum to one)."""
+    is: doubled weights at half the rate give the same step (the weights need not sum to one).
+    On each head; the fused head's step also equals the dense head's (loss, and every weight's
+    update by NMSE)."""
     n_vocab = _n_vocab(backend, model_path)
     rng = np.random.default_rng(seed + 64)
     tokens = rng.integers(0, n_vocab, size=(1, WIDTH), dtype=np.int32)
@@ -167,32 +212,53 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed):
     merged = retro.TopKDataset(tokens, np.stack([a, b, c], axis=2), np.stack([w0 + w1, w2, 0 * w2], axis=2))
     doubled = retro.TopKDataset(tokens, repeated.ids.copy(), 2 * repeated.weights)
 
-    with_repeats, (m_repeats,) = _train(backend, model_path, repeated)
-    with_merged, (m_merged,) = _train(backend, model_path, merged)
-    with bound("HOST-08"):
-        support.assert_params_equal(with_repeats, with_merged, backend, "repeated ids vs their merged weights")
-        support.assert_close(
-            np.float64(m_repeats.train_loss), np.float64(m_merged.train_loss), backend, "loss, repeated vs merged"
+    with_repeats, (m_repeats,) = _train(backend, model_path, repeated, head=head)
+    with_merged, (m_merged,) = _train(backend, model_path, merged, head=head)
+    with support.load(backend, model_path, trainable=False) as probe:
+        start = probe.parameters()
+    if head == "dense":  # one label row either way: the same step, bitwise on the CPU
+        with bound("HOST-08"):
+            support.assert_params_equal(with_repeats, with_merged, backend, "repeated ids vs their merged weights")
+            support.assert_close(
+                np.float64(m_repeats.train_loss), np.float64(m_merged.train_loss), backend, "loss, repeated vs merged"
+            )
+    else:  # w0 * log p + w1 * log p against (w0 + w1) * log p: equal up to rounding
+        expect(
+            "HOST-08",
+            abs(m_repeats.train_loss - m_merged.train_loss) <= 1e-6 * abs(m_merged.train_loss),
+            f"loss, repeated {m_repeats.train_loss!r} vs merged {m_merged.train_loss!r}",
         )
+        for name in sorted(n for n in start if not np.array_equal(with_merged[n], start[n])):
+            value = nmse(with_repeats[name] - start[name], with_merged[name] - start[name])
+            expect("HOST-08", value <= MERGED_NMSE, f"{name}: repeated ids vs merged, update NMSE {value:.3g}")
     expected = _reference_loss(_logits(backend, model_path, tokens[0]), merged.ids[0], merged.weights[0])
     expect(
         "HOST-08",
         abs(m_repeats.train_loss - expected) <= 1e-3 * abs(expected),
         f"loss {m_repeats.train_loss!r}, numpy's weighted cross-entropy {expected!r}",
     )
-    twice, _ = _train(backend, model_path, doubled, lr=0.0625)
+    twice, _ = _train(backend, model_path, doubled, lr=0.0625, head=head)
     with bound("HOST-08"):
         support.assert_params_equal(twice, with_repeats, backend, "doubled weights at half the rate vs the weights")
+    if head == "fused":
+        # the dense head on this backend is the fused head's reference: the same loss, the same step
+        dense, (m_dense,) = _train(backend, model_path, repeated)
+        expect(
+            "HOST-08",
+            abs(m_repeats.train_loss - m_dense.train_loss) <= 1e-5 * abs(m_dense.train_loss),
+            f"fused loss {m_repeats.train_loss!r}, dense loss {m_dense.train_loss!r}",
+        )
+        for name in sorted(n for n in start if not np.array_equal(dense[n], start[n])):
+            value = nmse(with_repeats[name] - start[name], dense[name] - start[name])
+            expect("HOST-08", value <= UPDATE_NMSE, f"{name}: fused step vs dense step, update NMSE {value:.3g}")
     if backend.name != "cpu":
         # the CPU is the oracle of the step itself (the update, not the weights it is added to:
         # a wrong gradient kernel hides in the NMSE of whole weights)
-        with support.load(backend, model_path, trainable=False) as probe:
-            start = probe.parameters()
-        on_cpu, _ = _train(support.CPU, model_path, repeated)
+        on_cpu, _ = _train(support.CPU, model_path, repeated, head=head)
         for name in sorted(n for n in start if not np.array_equal(on_cpu[n], start[n])):
             against_oracle(
                 "HOST-08",
-                f"{name}: update of a weighted top-k SGD step",
+                f"{name}: update of a weighted top-k SGD step ({head} head)",
                 with_repeats[name] - start[name],
                 on_cpu[name] - start[name],
                 UPDATE_NMSE,

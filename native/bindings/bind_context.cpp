@@ -243,6 +243,12 @@ void bind_context(py::module_ & m) {
                                        const float * rows = llama_opt_label_rows(self.get(), &capacity);
                                        return py::make_tuple(reinterpret_cast<uintptr_t>(rows), capacity);
                                    })
+            // capacity in elements of the fused head's host target arrays, all three together
+            .def_property_readonly("sparse_target_capacity",
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
+                                       return llama_opt_sparse_target_capacity(self.get());
+                                   })
             .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })
             .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
             .def_property_readonly("n_ubatch", [](const Context & self) { return llama_n_ubatch(self.get()); })

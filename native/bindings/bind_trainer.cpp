@@ -239,6 +239,8 @@ void bind_trainer(py::module_ & m) {
                     "gradient_accumulator",
                     [](Trainer & t, const std::string & name) { return read_state(t, name, -1); }, py::arg("name"))
             .def("prepare_state", &Trainer::prepare_state, py::call_guard<py::gil_scoped_release>())
+            .def("set_head", &Trainer::set_head, py::arg("fused"), py::call_guard<py::gil_scoped_release>())
+            .def_property_readonly("fused_head", &Trainer::fused_head)
             .def(
                     "set_moment",
                     [](Trainer & t, const std::string & name, int which,

@@ -159,6 +159,14 @@ void Trainer::prepare_state() {
     }
 }
 
+void Trainer::set_head(bool fused) {
+    CallGuard call(held());
+    if (llama_opt_set_head(ctx(), fused ? LLAMA_OPT_HEAD_FUSED : LLAMA_OPT_HEAD_DENSE) != LLAMA_OPT_STATUS_OK) {
+        throw Error(ErrorKind::InvalidState, "the loss head could not be set");
+    }
+    fused_head_ = fused;
+}
+
 void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train) {
     CallGuard call(held());
     llama_context * lctx = ctx();

@@ -94,6 +94,10 @@ public:
     void prepare_state();
     void set_iteration(int64_t iteration);
 
+    // the loss head of every later step: fused (sparse targets, no dense label rows) or dense
+    void set_head(bool fused);
+    bool fused_head() const { return fused_head_; }
+
 private:
     llama_context * ctx() const;
     ggml_opt_context_t opt() const { return llama_opt_get_context(ctx()); }
@@ -111,7 +115,8 @@ private:
     int32_t accumulation_;
     std::shared_ptr<const ScheduleFn> schedule_;
     int64_t horizon_ = 0;
-    float step_lr_   = 0.0f;           // the scheduled rate ggml's optimizer-parameter callback hands out
+    float step_lr_   = 0.0f;  // the scheduled rate ggml's optimizer-parameter callback hands out
+    bool fused_head_ = false;
     Defects defects_;                  // the snapshot of the call in progress
     std::vector<int32_t> staged_ids_;  // a packed step's target ids and weights
     std::vector<float> staged_weights_;

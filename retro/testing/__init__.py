@@ -11,6 +11,7 @@ from .probes import (
     live_allocations,
     micro_batch,
     packed_batch,
+    sparse_targets,
 )
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "live_allocations",
     "micro_batch",
     "packed_batch",
+    "sparse_targets",
     "upstream_epoch",
     "write_tiny_llama",
 ]

@@ -59,14 +59,19 @@ def _byte_symbols() -> list[str]:
 def _vocabulary(spec: TinyLlamaSpec) -> tuple[list[str], list[int], list[str]]:
     byte_tokens = _byte_symbols()
     n_merges = spec.n_vocab - 256 - 2
-    # merge pairs of the symbols of ordinary text (lowercase letters, space as 'Ġ'), seeded order
+    # merge pairs of the symbols of ordinary text (lowercase letters, space as 'Ġ'), seeded order;
+    # past the 729 pairs, each merged token of the last level is extended by one more symbol (a
+    # vocabulary of 32k has tokens of up to four symbols), every merge's parts being tokens already
     alphabet = [byte_tokens[ord(c)] for c in " abcdefghijklmnopqrstuvwxyz"]
-    pairs = [a + " " + b for a, b in itertools.product(alphabet, repeat=2)]
     rng = np.random.default_rng(spec.seed)
-    order = rng.permutation(len(pairs))
-    if n_merges > len(pairs):
-        raise ValueError(f"at most {256 + 2 + len(pairs)} tokens are supported")
-    merges = [pairs[i] for i in order[:n_merges]]
+    merges: list[str] = []
+    prefixes = alphabet
+    while len(merges) < n_merges:
+        pairs = [a + " " + b for a, b in itertools.product(prefixes, alphabet)]
+        order = rng.permutation(len(pairs))
+        level = [pairs[i] for i in order[: n_merges - len(merges)]]
+        merges += level
+        prefixes = [m.replace(" ", "") for m in level]
     tokens = byte_tokens + [m.replace(" ", "") for m in merges] + [BOS, EOS]
     types = [gguf.TokenType.NORMAL] * (len(tokens) - 2) + [gguf.TokenType.CONTROL] * 2
     return tokens, [int(t) for t in types], merges

@@ -22,6 +22,15 @@ def label_rows(context: Context) -> tuple[int, int]:
     return int(address), int(capacity)
 
 
+def sparse_targets(context: Context) -> int:
+    """The capacity, in elements, of the host arrays a fused-head step fills with its targets (k
+    indices and k weights per token, and one best id per token, together): 0 before the first
+    fused step. Read back from llama.cpp."""
+    if not isinstance(context, Context):
+        raise TypeError("context must be a retro.Context")
+    return int(context._h.sparse_target_capacity)
+
+
 class PackedBatch(NamedTuple):
     """The packed batch of a context's last training step as llama.cpp holds it."""
 
