@@ -188,13 +188,18 @@ class Trainer(NativeHandle):
         self.accumulation = accumulation
         self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
         self.schedule, self.horizon = schedule, steps
-        self.head = head
+        self._head = head
         if head == "fused":
             self._h.set_head(True)
         if schedule is not None and steps is not None:
             self._h.set_schedule(_wrap_schedule(schedule), steps)
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def head(self) -> str:
+        """The loss head, ``"dense"`` or ``"fused"``: chosen at creation, kept for the trainer's life."""
+        return self._head
+
     @property
     def iteration(self) -> int:
         """The optimizer iteration cursor: 1 + optimizer steps applied."""

@@ -161,3 +161,25 @@ def test_each_heads_gradient_matches_central_finite_differences(model_path, head
 
 def _one_window() -> retro.TopKDataset:
     return _top_k(1, seed=9)
+
+
+def test_upstreams_loop_refuses_a_fused_trainer_and_a_trainer_keeps_its_head(model_path):
+    """Upstream's llama_opt_epoch (the oracle) fills dense labels: on a fused trainer it is refused
+    with a typed error before anything runs, and the trainer then trains on; ggml-opt lays its
+    loss accumulator out for the first graph, so a trainer keeps the head it was built with."""
+    from retro.testing import upstream_epoch
+
+    ds = dataset(1, seed=10)
+    with (
+        retro.Model.load(model_path, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=64, n_threads=1) as c,
+        retro.Trainer(c, optimizer=retro.SGD(lr=0.1), head="fused") as tr,
+    ):
+        before = m.parameters()
+        with pytest.raises(retro.InvalidStateError, match="dense head only"):
+            upstream_epoch(tr, ds)
+        assert all(np.array_equal(before[n], a) for n, a in m.parameters().items())
+        assert tr.epoch(ds).epoch_complete and label_rows(c)[1] == 0
+        with pytest.raises(retro.InvalidStateError, match="keeps the loss head"):
+            tr._h.set_head(False)
+        assert tr.epoch(ds).epoch_complete

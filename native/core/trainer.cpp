@@ -162,7 +162,7 @@ void Trainer::prepare_state() {
 void Trainer::set_head(bool fused) {
     CallGuard call(held());
     if (llama_opt_set_head(ctx(), fused ? LLAMA_OPT_HEAD_FUSED : LLAMA_OPT_HEAD_DENSE) != LLAMA_OPT_STATUS_OK) {
-        throw Error(ErrorKind::InvalidState, "the loss head could not be set");
+        throw Error(ErrorKind::InvalidState, "a trainer keeps the loss head its first step was built with");
     }
     fused_head_ = fused;
 }

@@ -26,6 +26,10 @@ void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     if (r.k != 1 || r.weights) {
         throw std::invalid_argument("upstream's loop trains one unweighted label per token");
     }
+    if (fused_head_) {
+        throw Error(ErrorKind::InvalidState,
+                    "upstream's llama_opt_epoch trains the dense head only: use a dense trainer");
+    }
     if (!r.tokens || !r.labels || r.width != n_ctx || r.n_windows < 1 || r.n_train < 0 || r.n_train > r.n_windows) {
         throw std::invalid_argument("upstream's loop takes windows of exactly n_ctx tokens");
     }
