@@ -47,6 +47,7 @@ class Context(NativeHandle):
     """
 
     _h: _native.Context
+    _exit_order = 1
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class Context(NativeHandle):
         self._h = forwarding(_native.Context)(
             model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, sequences, transactions._h if transactions else None
         )
+        self._opened()
         if transactions is not None:
             _WITH_TRANSACTIONS.add(self)
 

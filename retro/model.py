@@ -25,9 +25,11 @@ class Model(NativeHandle):
     """
 
     _h: _native.Model
+    _exit_order = 2
 
     def __init__(self, handle: _native.Model, path: Path) -> None:
         self._h = handle
+        self._opened()
         self.path = path
 
     @classmethod

@@ -187,6 +187,7 @@ class Trainer(NativeHandle):
         self.optimizer = optimizer
         self.accumulation = accumulation
         self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
+        self._opened()
         self.schedule, self.horizon = schedule, steps
         self._head = head
         if head == "fused":

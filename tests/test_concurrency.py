@@ -7,6 +7,7 @@ one (its exit status) instead of taking the test session with it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -119,3 +120,50 @@ def test_a_callback_calling_into_its_own_running_context_is_refused(model, insid
         assert not ctx.closed and not tr.closed
         assert tr.epoch(ds).epoch_complete  # usable afterwards
         tr.close()
+
+
+EXIT_CHILD = """
+import sys, threading, time
+import numpy as np
+import retro
+
+model = retro.Model.load(sys.argv[1], devices=[], trainable=True)
+decoding = retro.Context(model, n_ctx=256, n_batch=64, n_ubatch=16, n_threads=1)
+training = retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=64, n_threads=1)
+trainer = retro.Trainer(training, optimizer=retro.SGD(lr=0.01))
+data = retro.TokenDataset.from_tokens(np.arange(2 * 256 + 1) % 500, width=256)
+started = threading.Barrier(3)
+
+def decode_forever():
+    started.wait()
+    while True:
+        decoding.reset()
+        decoding.decode(list(range(3, 40)))
+
+def train_forever():
+    started.wait()
+    while True:
+        trainer.epoch(data)
+
+for work in (decode_forever, train_forever):
+    threading.Thread(target=work, daemon=True).start()
+started.wait()
+time.sleep(float(sys.argv[2]))
+# the interpreter exits with both threads inside native calls
+"""
+
+
+@pytest.mark.parametrize("after", [0.0, 0.05, 0.2])
+def test_the_interpreter_exits_cleanly_while_daemon_threads_decode_and_train(model_path, after):
+    """retro closes what is open at exit (trainers, contexts, models) and lets the calls of other
+    threads return before CPython finalizes: left to finalization, a thread that asked for the GIL
+    back was ended by pthread_exit and the process aborted (std::terminate) as it unwound."""
+    for _ in range(3):
+        child = subprocess.run(
+            [sys.executable, "-X", "dev", "-c", EXIT_CHILD, str(model_path), str(after)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "GGML_NO_BACKTRACE": "1"},
+        )
+        assert child.returncode == 0 and "terminate" not in child.stderr, child.stderr[-2000:]

@@ -44,7 +44,7 @@ std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ct
     }
     clear_recent_errors();
     {
-        py::gil_scoped_release release;
+        WithoutGil release;
         context->ctx = llama_init_from_model(model->get(), params);
     }
     if (!context->ctx) {
@@ -105,7 +105,7 @@ py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> 
     int32_t rc;
     std::string thrown;
     {
-        py::gil_scoped_release release;
+        WithoutGil release;
         const bool bracket = c.transactions && retro_defect_on(RETRO_DEFECT_TX_OWN_05);  // seeded defect
         if (bracket && !tx::Transactions::decode_begin(c.transactions.get(), n)) {
             rc = LLAMA_DECODE_HOOK_FAILED;
@@ -159,7 +159,7 @@ py::tuple generate(Context & c, const std::vector<int32_t> & prompt, int32_t max
         return PyErr_CheckSignals() != 0;
     };
     {
-        py::gil_scoped_release release;
+        WithoutGil release;
         g = retro::generate(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft,
                             interrupted);
     }
@@ -192,7 +192,7 @@ void bind_context(py::module_ & m) {
             [](const Model & model, int32_t n_tokens, int32_t n_outputs, int32_t n_threads) {
                 std::vector<GraphNode> nodes;
                 {
-                    py::gil_scoped_release release;
+                    WithoutGil release;
                     nodes = probe_graph(model.get(), n_tokens, n_outputs, n_threads);
                 }
                 py::list out;

@@ -36,7 +36,7 @@ std::shared_ptr<Model> load_model(const std::string & path, std::optional<std::v
     model->trainable = trainable;
     clear_recent_errors();
     {
-        py::gil_scoped_release release;
+        WithoutGil release;
         model->model = llama_model_load_from_file(path.c_str(), params);
     }
     if (!model->model) {
@@ -150,7 +150,7 @@ void bind_model(py::module_ & m) {
                  })
             .def("save", [](const Model & self, const std::string & path) {
                 clear_recent_errors();
-                py::gil_scoped_release release;
+                WithoutGil release;
                 llama_model_save_to_file(self.get(), path.c_str());
             });
 }

@@ -50,13 +50,14 @@ void bind_runtime(py::module_ & m) {
     m.def("build_info", []() { return std::string(RETRO_BUILD_INFO); });
     // (ggml contexts, backend buffers) alive in the process, counted where ggml makes and frees them
     m.def("live_allocations", []() { return py::make_tuple(ggml_live_contexts(), ggml_backend_live_buffers()); });
+    m.def("calls_in_flight", []() { return InFlight::count().load(); });
     m.def("devices", &devices);
     m.def("drain_logs", &drain_logs);
     m.def("recent_errors", &recent_errors);
     m.def("rpc_built", &rpc_built);
-    m.def("rpc_connect", &rpc_connect, py::arg("endpoint"), py::call_guard<py::gil_scoped_release>());
+    m.def("rpc_connect", &rpc_connect, py::arg("endpoint"), py::call_guard<WithoutGil>());
     m.def("rpc_set_timeout_ms", &rpc_set_timeout_ms, py::arg("ms"));
-    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"), py::call_guard<py::gil_scoped_release>());
+    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"), py::call_guard<WithoutGil>());
 }
 
 }  // namespace retro::bindings

@@ -122,7 +122,7 @@ EpochMetrics epoch(Trainer & t, const EpochData & data, int64_t n_train, const p
     r.epoch_callback = reinterpret_cast<ggml_opt_epoch_callback>(epoch_callback);
     EpochMetrics ran;
     try {
-        py::gil_scoped_release release;
+        WithoutGil release;
         return t.epoch(r, &ran);
     } catch (py::error_already_set & e) {
         // the callback's exception (or the signal's) carries the metrics of the work that ran
@@ -134,7 +134,7 @@ EpochMetrics epoch(Trainer & t, const EpochData & data, int64_t n_train, const p
 EpochMetrics upstream_epoch(Trainer & t, const Int32Array & tokens, const Int32Array & labels, int64_t n_train) {
     const EpochRequest r = request_of(EpochData{tokens, labels, std::nullopt, std::nullopt}, n_train, 1.0);
     EpochMetrics m;
-    py::gil_scoped_release release;
+    WithoutGil release;
     t.upstream_epoch(r, m);
     return m;
 }
@@ -190,7 +190,7 @@ void bind_trainer(py::module_ & m) {
 
     py::class_<Trainer>(m, "Trainer")
             .def(py::init<std::shared_ptr<Context>, const OptimizerSettings &, int32_t>(), py::arg("context"),
-                 py::arg("optimizer"), py::arg("accumulation"), py::call_guard<py::gil_scoped_release>())
+                 py::arg("optimizer"), py::arg("accumulation"), py::call_guard<WithoutGil>())
             .def("epoch", &epoch, py::arg("data"), py::arg("n_train"), py::arg("progress"), py::arg("epoch_callback"),
                  py::arg("duty_cycle"))
             .def(
@@ -199,7 +199,7 @@ void bind_trainer(py::module_ & m) {
                         const EpochRequest r = request_of(data, n_train, 1.0);
                         RowPlan plan;
                         {
-                            py::gil_scoped_release release;
+                            WithoutGil release;
                             plan = t.plan(r);
                         }
                         return plan_to_python(plan);
@@ -219,11 +219,11 @@ void bind_trainer(py::module_ & m) {
                             tokens.size() > INT32_MAX) {
                             throw std::invalid_argument("tokens and labels must be 1-D arrays of one length");
                         }
-                        py::gil_scoped_release release;
+                        WithoutGil release;
                         t.micro_batch(tokens.data(), labels.data(), (int32_t) tokens.size(), pos0, train);
                     },
                     py::arg("tokens"), py::arg("labels"), py::arg("pos0"), py::arg("train"))
-            .def("close", &Trainer::close, py::call_guard<py::gil_scoped_release>())
+            .def("close", &Trainer::close, py::call_guard<WithoutGil>())
             .def_property_readonly("closed", &Trainer::closed)
             .def_property_readonly("iteration", reading(&Trainer::iteration))
             .def_property_readonly("period_position", reading(&Trainer::period_position))
@@ -238,8 +238,8 @@ void bind_trainer(py::module_ & m) {
             .def(
                     "gradient_accumulator",
                     [](Trainer & t, const std::string & name) { return read_state(t, name, -1); }, py::arg("name"))
-            .def("prepare_state", &Trainer::prepare_state, py::call_guard<py::gil_scoped_release>())
-            .def("set_head", &Trainer::set_head, py::arg("fused"), py::call_guard<py::gil_scoped_release>())
+            .def("prepare_state", &Trainer::prepare_state, py::call_guard<WithoutGil>())
+            .def("set_head", &Trainer::set_head, py::arg("fused"), py::call_guard<WithoutGil>())
             .def_property_readonly("fused_head", &Trainer::fused_head)
             .def(
                     "set_moment",
@@ -254,8 +254,7 @@ void bind_trainer(py::module_ & m) {
                         write_f32(s, values.data(), (size_t) values.size());
                     },
                     py::arg("name"), py::arg("which"), py::arg("values"))
-            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"),
-                 py::call_guard<py::gil_scoped_release>());
+            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"), py::call_guard<WithoutGil>());
 }
 
 }  // namespace retro::bindings

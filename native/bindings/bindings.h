@@ -8,6 +8,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <optional>
 
 namespace retro::bindings {
@@ -20,12 +21,38 @@ void bind_trainer(pybind11::module_ & m);
 void bind_hooks(pybind11::module_ & m);
 void bind_transactions(pybind11::module_ & m);
 
+// Threads inside native work with the GIL released (retro._native.calls_in_flight()). At
+// interpreter exit retro closes its open objects and lets these calls return before CPython
+// finalizes (retro/_handle.py): after that, CPython 3.11 ends a thread that asks for the GIL back
+// with pthread_exit, and the unwinding aborts the process as it leaves the destructor that asked.
+class InFlight {
+public:
+    InFlight() { count().fetch_add(1); }
+    ~InFlight() { count().fetch_sub(1); }
+    InFlight(const InFlight &)             = delete;
+    InFlight & operator=(const InFlight &) = delete;
+    static std::atomic<int> & count() {
+        static std::atomic<int> n{0};
+        return n;
+    }
+};
+
+// The GIL released for native work, and counted (members are destroyed in reverse: the GIL is
+// taken back before the count drops). Every release in the binding is one of these.
+class WithoutGil {
+    InFlight in_flight_;
+    pybind11::gil_scoped_release release_;
+};
+
 // The context's call guard (native/core/call_guard.h), waited for without the GIL: the call it
 // waits on may need the GIL for its callbacks.
 class Busy {
 public:
     explicit Busy(Context & c, CallGuard::Nesting nesting = CallGuard::Nesting::refused) {
-        pybind11::gil_scoped_release release;
+        if (c.ctx == nullptr) {
+            return;  // closed: nothing runs on it or waits for it, and the call fails with the GIL held
+        }
+        WithoutGil release;
         guard_.emplace(c, nesting);
     }
 
