@@ -86,8 +86,12 @@ def test_a_call_from_another_thread_waits_or_raises_a_typed_error(model_path, ru
     closes = concurrent in ("context.close", "trainer.close")
     allowed = ("ok", "InvalidStateError") if closes and running in LOOPS else ("ok",)
     assert running_outcome in allowed, f"the running {running} ended with {running_outcome}"
-    # waited, then ran; a call on a closed context or trainer is refused with a typed error
-    assert concurrent_outcome in ("ok", "InvalidStateError"), concurrent_outcome
+    # waited, then ran; a call on a closed context or trainer is refused with a typed error.
+    # "reset, then decode" is two calls: a micro-batch of the running loop may land between them
+    # and leave its training sequence in the KV cache, where the decode's positions then collide
+    # (a typed DecodeError, as for any decode after a bare micro-batch)
+    interleaved = ("DecodeError",) if running == "micro_batch" and concurrent in ("decode", "generate") else ()
+    assert concurrent_outcome in ("ok", "InvalidStateError", *interleaved), concurrent_outcome
 
 
 @pytest.mark.parametrize(
