@@ -138,16 +138,24 @@ trainer = retro.Trainer(training, optimizer=retro.SGD(lr=0.01))
 data = retro.TokenDataset.from_tokens(np.arange(2 * 256 + 1) % 500, width=256)
 started = threading.Barrier(3)
 
+# each loop ends on the typed error of its closed object, silently: a daemon thread that prints a
+# traceback while the interpreter finalizes can take CPython down with it (the stderr lock)
 def decode_forever():
     started.wait()
-    while True:
-        decoding.reset()
-        decoding.decode(list(range(3, 40)))
+    try:
+        while True:
+            decoding.reset()
+            decoding.decode(list(range(3, 40)))
+    except retro.RetroError:
+        return
 
 def train_forever():
     started.wait()
-    while True:
-        trainer.epoch(data)
+    try:
+        while True:
+            trainer.epoch(data)
+    except retro.RetroError:
+        return
 
 for work in (decode_forever, train_forever):
     threading.Thread(target=work, daemon=True).start()
