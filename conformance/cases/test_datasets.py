@@ -194,6 +194,20 @@ def _reference_loss(logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) ->
     return float(-(weights.astype(np.float64) * picked).sum(axis=1).mean())
 
 
+def _same_step(start, run, reference, loss_rel: float, update_nmse: float, what: str) -> None:
+    """HOST-08: a step's loss within loss_rel of the reference step's, and every weight the
+    reference moved moved alike (the NMSE of the updates)."""
+    (params, metrics), (ref_params, ref_metrics) = run, reference
+    expect(
+        "HOST-08",
+        abs(metrics.train_loss - ref_metrics.train_loss) <= loss_rel * abs(ref_metrics.train_loss),
+        f"loss, {what}: {metrics.train_loss!r} vs {ref_metrics.train_loss!r}",
+    )
+    for name in sorted(n for n in start if not np.array_equal(ref_params[n], start[n])):
+        value = nmse(params[name] - start[name], ref_params[name] - start[name])
+        expect("HOST-08", value <= update_nmse, f"{name}: {what}, update NMSE {value:.3g}")
+
+
 @pytest.mark.clause("HOST-08")
 @pytest.mark.parametrize("head", retro.training.HEADS)
 def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
@@ -223,14 +237,7 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
                 np.float64(m_repeats.train_loss), np.float64(m_merged.train_loss), backend, "loss, repeated vs merged"
             )
     else:  # w0 * log p + w1 * log p against (w0 + w1) * log p: equal up to rounding
-        expect(
-            "HOST-08",
-            abs(m_repeats.train_loss - m_merged.train_loss) <= 1e-6 * abs(m_merged.train_loss),
-            f"loss, repeated {m_repeats.train_loss!r} vs merged {m_merged.train_loss!r}",
-        )
-        for name in sorted(n for n in start if not np.array_equal(with_merged[n], start[n])):
-            value = nmse(with_repeats[name] - start[name], with_merged[name] - start[name])
-            expect("HOST-08", value <= MERGED_NMSE, f"{name}: repeated ids vs merged, update NMSE {value:.3g}")
+        _same_step(start, (with_repeats, m_repeats), (with_merged, m_merged), 1e-6, MERGED_NMSE, "repeated vs merged")
     expected = _reference_loss(_logits(backend, model_path, tokens[0]), merged.ids[0], merged.weights[0])
     expect(
         "HOST-08",
@@ -243,14 +250,7 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
     if head == "fused":
         # the dense head on this backend is the fused head's reference: the same loss, the same step
         dense, (m_dense,) = _train(backend, model_path, repeated)
-        expect(
-            "HOST-08",
-            abs(m_repeats.train_loss - m_dense.train_loss) <= 1e-5 * abs(m_dense.train_loss),
-            f"fused loss {m_repeats.train_loss!r}, dense loss {m_dense.train_loss!r}",
-        )
-        for name in sorted(n for n in start if not np.array_equal(dense[n], start[n])):
-            value = nmse(with_repeats[name] - start[name], dense[name] - start[name])
-            expect("HOST-08", value <= UPDATE_NMSE, f"{name}: fused step vs dense step, update NMSE {value:.3g}")
+        _same_step(start, (with_repeats, m_repeats), (dense, m_dense), 1e-5, UPDATE_NMSE, "fused vs dense")
     if backend.name != "cpu":
         # the CPU is the oracle of the step itself (the update, not the weights it is added to:
         # a wrong gradient kernel hides in the NMSE of whole weights)
