@@ -22,6 +22,7 @@ from .datasets import Dataset, PackedDataset, TokenDataset, TopKDataset, Weighte
 from .devices import Device, devices
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
+from .preflight import BufferNeed, Preflight
 from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, RowPlan, Schedule, Trainer
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ def build_info() -> dict[str, Any]:
 __all__ = [
     "SGD",
     "AdamW",
+    "BufferNeed",
     "Checkpoint",
     "Context",
     "Dataset",
@@ -45,6 +47,7 @@ __all__ = [
     "EpochMetrics",
     "Model",
     "PackedDataset",
+    "Preflight",
     "Progress",
     "RowPlan",
     "Schedule",

@@ -69,4 +69,8 @@ class ComputeError(TrainingError):
 class PoisonedTrainerError(TrainingError):
     """Refused: an earlier backend compute failed on this trainer."""
 
-__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError']
+class MemoryBudgetError(TrainingError):
+    """Refused by Trainer.preflight before anything was allocated or changed: the memory the epoch
+    would allocate exceeds the budget given. `preflight` carries the measurement."""
+
+__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError', 'MemoryBudgetError']

@@ -18,6 +18,7 @@ from .checkpoint import Checkpoint
 from .context import Context
 from .datasets import Dataset, PackedDataset, _Windows
 from .errors import InvalidStateError, PoisonedTrainerError
+from .preflight import Budget, Preflight, check_budget, enforce
 
 
 @dataclass(frozen=True)
@@ -358,6 +359,24 @@ class Trainer(NativeHandle):
                 e.metrics = EpochMetrics._from_native(ran)  # type: ignore[attr-defined]
             raise
         return EpochMetrics._from_native(m)
+
+    @forwarding
+    def preflight(self, dataset: Dataset, *, val_fraction: float = 0.0, budget: Budget | None = None) -> Preflight:
+        """The memory an :meth:`epoch` call on ``dataset`` would allocate, per buffer type and
+        purpose (:class:`retro.Preflight`), measured on the graphs its micro-batches would build
+        with this trainer's head, optimizer and accumulation (the KV cache taken full, the largest a
+        window reaches): nothing is allocated, computed or trained, and the weights, the optimizer
+        state and the KV cache stay as they are. The context's next decode rebuilds its graph.
+
+        ``budget`` (bytes in all, or a mapping of buffer type name to bytes) refuses the epoch
+        with :class:`retro.MemoryBudgetError` when it would allocate more; the error carries the
+        measurement as ``.preflight``. A fused head that the backend cannot run raises
+        :class:`retro.UnsupportedHeadError`, as the epoch would."""
+        limit = check_budget(budget)
+        n_train = self._split(dataset, val_fraction)
+        measured = Preflight._from_native(self._h.preflight(dataset._epoch_data(), n_train))
+        enforce(measured, limit)
+        return measured
 
     def plan(self, dataset: Dataset, *, val_fraction: float = 0.0) -> RowPlan:
         """The row plan an epoch call on ``dataset`` would iterate, as the native loop builds it:

@@ -205,6 +205,23 @@ void bind_trainer(py::module_ & m) {
                         return plan_to_python(plan);
                     },
                     py::arg("data"), py::arg("n_train"))
+            // [(buffer type, purpose, bytes needed, bytes held)] of an epoch call on data
+            .def(
+                    "preflight",
+                    [](Trainer & t, const EpochData & data, int64_t n_train) {
+                        const EpochRequest r = request_of(data, n_train, 1.0);
+                        std::vector<BufferNeed> needs;
+                        {
+                            WithoutGil release;
+                            needs = t.preflight(r);
+                        }
+                        py::list out;
+                        for (const BufferNeed & n : needs) {
+                            out.append(py::make_tuple(n.buffer_type, n.purpose, n.needed, n.held));
+                        }
+                        return out;
+                    },
+                    py::arg("data"), py::arg("n_train"))
             .def("upstream_epoch", &upstream_epoch, py::arg("tokens"), py::arg("labels"), py::arg("n_train"))
             .def(
                     "set_schedule",

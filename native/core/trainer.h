@@ -14,6 +14,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace retro {
 
@@ -50,6 +52,19 @@ struct EpochRequest {
     double duty_cycle                      = 1.0;
 };
 
+// What an epoch allocates in one buffer type for one purpose (llama_opt_preflight's purposes)
+struct BufferNeed {
+    std::string buffer_type;  // ggml's name of the buffer type; "host" for heap memory
+    int32_t purpose = 0;      // enum llama_opt_buffer_purpose
+    size_t needed   = 0;      // bytes the largest micro-batch of the epoch needs
+    size_t held     = 0;      // bytes held now
+};
+
+// bytes ggml's live buffers hold now, per buffer type of every registered device (its own and its
+// host buffer type), as ggml counts them where buffers are made and freed: what a step really
+// allocated, observed apart from the preflight that predicted it
+std::vector<std::pair<std::string, size_t>> live_buffer_bytes();
+
 // schedule(step, horizon) -> the learning rate of optimizer step `step` (0-based) of `horizon`;
 // may throw (the exception cancels the call before that step and is re-thrown when it returns)
 using ScheduleFn = std::function<float(int64_t step, int64_t horizon)>;
@@ -67,6 +82,9 @@ public:
     EpochMetrics epoch(const EpochRequest & request, EpochMetrics * ran_before_error = nullptr);
     // the row plan an epoch call on this request would iterate (for checks; epoch builds its own)
     RowPlan plan(const EpochRequest & request);
+    // what an epoch call on this request would allocate, measured on the graphs of its
+    // micro-batches' geometries (preflight.cpp): nothing is allocated or computed
+    std::vector<BufferNeed> preflight(const EpochRequest & request);
     // upstream's own loop (llama_opt_epoch) over the same windows: the oracle of epoch()
     void upstream_epoch(const EpochRequest & request, EpochMetrics & metrics);
     // one micro-batch of the fork's step, nothing around it (the KV cache keeps what the step
