@@ -3,10 +3,12 @@
   retro-conformance certify [--backend cpu|rpc|cuda|vulkan|metal|all] [--out DIR] [--clauses PREFIXES]
   retro-conformance merge SHARD_DIR... --out DIR
   retro-conformance verify DIR
+  retro-conformance gate topology-cache DIR [--target cpu,vulkan]
   retro-conformance clauses
 
 certify exits 0 when every requested backend that is available is certified, 1 when one is not
-(or none is available), 2 on an error of the harness itself.
+(or none is available), 2 on an error of the harness itself. gate exits 0 when the gate enables,
+1 when it refuses.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from . import backends as backends_mod
+from . import gate as gates
 from . import registry, results
 
 CASES_DIR = Path(__file__).parent / "cases"
@@ -268,6 +271,8 @@ def _summarize(res: dict, out: Path, gate: str = "certified") -> int:
         row = [res["clauses"][c][name] for c in res["selected"]]
         counts = ", ".join(f"{row.count(s)} {s}" for s in dict.fromkeys(row))
         print(f"{name}: {verdict} ({counts})")
+    for decision in res.get("gates", {}).values():
+        print("\n".join(gates.summary(decision)))
     print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}")
     available = [n for n, v in res["verdict"].items() if v != "not available"]
     if not available:
@@ -301,6 +306,18 @@ def verify(args: argparse.Namespace) -> int:
     results.verify(res)
     print(f"{args.dir}: digest verified ({res['digest']})")
     return 0
+
+
+def decide_gate(args: argparse.Namespace) -> int:
+    """The gate's decision on a results package, with every piece of evidence and every blocker."""
+    res = json.loads((Path(args.dir) / "results.json").read_text(encoding="utf-8"))
+    results.verify(res)
+    targets = [t.strip() for t in args.target.split(",")] if args.target else None
+    decision = gates.decide(res, targets)
+    print("\n".join(gates.summary(decision, limit=None)))
+    for e in decision["evidence"]:
+        print(f"  evidence: {e}")
+    return 0 if decision["decision"] == "enable" else 1
 
 
 def list_clauses(args: argparse.Namespace) -> int:
@@ -364,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="check a results folder's digest")
     v.add_argument("dir")
     v.set_defaults(func=verify)
+    g = sub.add_parser("gate", help="decide a gate from a results package and print its evidence")
+    g.add_argument("name", choices=(gates.NAME,))
+    g.add_argument("dir", help="a results folder (one shard, or merged shards)")
+    g.add_argument("--target", default=None, help="backends to decide for, comma-separated (default: the package's)")
+    g.set_defaults(func=decide_gate)
     cl = sub.add_parser("clauses", help="list the clause registry")
     cl.set_defaults(func=list_clauses)
     args = ap.parse_args(argv)

@@ -35,6 +35,7 @@ class Ledger:
     enforced: str | None  # the clause whose assertions raise; None: every clause's (intact run)
     asserted: set[str] = field(default_factory=set)
     oracle: list[dict] = field(default_factory=list)  # comparisons against the CPU oracle
+    measurements: list[dict] = field(default_factory=list)  # figures recorded beside the assertions
     tolerated: list[ClauseViolation] = field(default_factory=list)  # failed, not enforced here
 
     def record(self, violation: ClauseViolation | None, clause: str) -> None:
@@ -108,3 +109,10 @@ def against_oracle(clause: str, observation: str, actual: np.ndarray, expected: 
         # JSON has no infinity: a shape mismatch or a zero reference reads as 1e300
         _ledger.oracle.append({"observation": observation, "nmse": min(value, 1e300), "tolerance": tolerance})
     expect(clause, value <= tolerance, f"{observation}: NMSE {value:.3g} against the CPU exceeds {tolerance:g}")
+
+
+def measure(name: str, **figures: float | str) -> None:
+    """Record a measurement beside the case's assertions: it goes into results.json with the case
+    (a gate reads it there, conformance/gate.py). Outside a conformance case it is dropped."""
+    if _ledger is not None:
+        _ledger.measurements.append({"name": name, **figures})

@@ -50,6 +50,7 @@ class CaseMeta:
         self.duration = 0.0
         self.caught: dict[str, str] | None = None  # {clause, assertion} of a caught defect
         self.oracle: list[dict] = []  # comparisons with the CPU oracle (evidence.against_oracle)
+        self.measurements: list[dict] = []  # figures recorded beside the assertions (evidence.measure)
 
 
 _META = pytest.StashKey[CaseMeta]()
@@ -200,6 +201,7 @@ def pytest_runtest_call(item: pytest.Item):
         return None
     finally:
         meta.oracle = ledger.oracle
+        meta.measurements = ledger.measurements
         evidence.end()
 
 
@@ -273,6 +275,7 @@ class Recorder:
                 "message": meta.message[:4000],
                 "caught": meta.caught,
                 **({"oracle": meta.oracle} if meta.oracle else {}),
+                **({"measurements": meta.measurements} if meta.measurements else {}),
             }
         )
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from . import registry
+from . import gate, registry
 
 SCHEMA = 2
 #: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
@@ -170,6 +170,7 @@ def aggregate(
         "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")),
         "verdict": verdict,
     }
+    out["gates"] = {gate.NAME: gate.decide(out)}
     out["digest"] = digest(out)
     return out
 
@@ -321,6 +322,17 @@ def report_markdown(results: dict) -> str:
             )
         )
         lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + f" | {why} |")
+    for decision in results.get("gates", {}).values():
+        lines += [
+            "",
+            f"## Gate: {decision['gate']}",
+            "",
+            f"**{decision['decision']}** on {', '.join(decision['targets'])}.",
+        ]
+        if decision["missing"]:
+            lines += ["", "Missing:", "", *[f"- {m}" for m in decision["missing"]]]
+        if decision["evidence"]:
+            lines += ["", "Evidence:", "", *[f"- {e}" for e in decision["evidence"]]]
     bad = [c for c in results["cases"] if c["outcome"] in ("fail", "crash")]
     if bad:
         lines += ["", "## Failures", ""]
