@@ -19,7 +19,7 @@ GATED = ("TOPO-", "FAIL-", "HOST-", "CANCEL-")
 REMOVED_AT_LEAST = 0.90
 #: the measurement record a check writes of the per-step rebuild cost, with the cache "off" or "on"
 MEASUREMENT = "topology-rebuild"
-REBUILD_PARTS = ("forward_build_us", "backward_alloc_us")
+REBUILD_PARTS = ("forward_build_us", "backward_build_us", "alloc_us")
 
 
 def rebuild_cost(results: dict, backend: str, cache: str) -> tuple[float, dict] | None:

@@ -113,38 +113,54 @@ def loop_overhead(model: Path, *, threads: int, n_ubatch: int, reps: int) -> dic
     }
 
 
-#: the models the rebuild cost is measured on: the tests' tiny model and a 6-layer, 256-wide one
+#: the models the rebuild cost is measured on: the tests' tiny model, a 6-layer 256-wide one, and a
+#: 12-layer narrow one (the deepest graph per FLOP, where rebuilding weighs most)
 REBUILD_MODELS = {
-    "tiny (2 x 64)": {},
-    "6 x 256": {"n_embd": 256, "n_layer": 6, "n_head": 4, "n_head_kv": 4, "n_ff": 768},
+    "tiny (2 x 64)": ({}, (64, 256)),
+    "6 x 256": ({"n_embd": 256, "n_layer": 6, "n_head": 4, "n_head_kv": 4, "n_ff": 768}, (64, 256)),
+    "12 x 64": ({"n_layer": 12}, (32,)),
 }
-PHASES = ("staging_s", "graph_build_s", "backward_alloc_s", "compute_s")
+PHASES = ("staging_s", "graph_build_s", "backward_build_s", "alloc_s", "backward_alloc_s", "compute_s")
+#: of a step's phases, the rebuild: forward build, backward expansion, allocation
+REBUILD = ("graph_build_s", "backward_build_s", "alloc_s")
 
 
-def rebuild_cost(model: Path, *, device: Device | None, threads: int, n_ubatch: int, reps: int) -> dict[str, float]:
-    """Seconds per micro-batch of each phase of a training step (min over repetitions), and the
-    rebuild (forward build + backward expansion + allocation) over the compute."""
+def rebuild_cost(
+    model: Path, *, device: Device | None, threads: int, n_ubatch: int, reps: int
+) -> dict[str, dict[str, float]]:
+    """Per micro-batch, the seconds of each phase of a training step (min over repetitions), the
+    rebuild (forward build + backward expansion + allocation) and the whole step, with the
+    packed-topology cache off and on: two trainers of one model, their epochs alternating."""
     import retro
 
     devices: list[Device] = [] if device is None else [device]
+    stream = np.random.default_rng(2).integers(0, 512, size=4 * 256 + 1)
+    ds = retro.TokenDataset.from_tokens(stream, width=256)
+    per_rep: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     with (
         retro.Model.load(model, devices=devices, gpu_layers=-1, trainable=True) as m,
         retro.Context(m, n_ctx=256, n_ubatch=n_ubatch, n_threads=threads) as c,
     ):
-        stream = np.random.default_rng(2).integers(0, m.n_vocab, size=4 * 256 + 1)
-        ds = retro.TokenDataset.from_tokens(stream, width=256)
-        with retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4)) as tr:
-            tr.epoch(ds)
-            per_rep = []
-            for _ in range(reps):
-                metrics = tr.epoch(ds)
-                per_rep.append({ph: getattr(metrics, ph) / metrics.micro_batches for ph in PHASES})
-    row = {ph: min(r[ph] for r in per_rep) for ph in PHASES}
-    rebuild = [r["graph_build_s"] + r["backward_alloc_s"] for r in per_rep]
-    ratios = [(r["graph_build_s"] + r["backward_alloc_s"]) / r["compute_s"] for r in per_rep]
-    row.update(rebuild_s=min(rebuild), rebuild_over_compute_min=min(ratios))
-    row["rebuild_over_compute_median"] = statistics.median(ratios)
-    return row
+        for rep in range(reps + 1):
+            for cache in ("off", "on"):
+                with retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4), topology_cache=cache == "on" and "forced") as tr:
+                    tr.epoch(ds)  # the first epoch builds (a miss) and warms up
+                    metrics = tr.epoch(ds)
+                if rep:
+                    row = {ph: getattr(metrics, ph) / metrics.micro_batches for ph in PHASES}
+                    row["rebuild_s"] = sum(row[ph] for ph in REBUILD)
+                    row["step_s"] = row["staging_s"] + row["graph_build_s"] + row["backward_alloc_s"] + row["compute_s"]
+                    per_rep[cache].append(row)
+    out = {cache: {k: min(r[k] for r in rows) for k in rows[0]} for cache, rows in per_rep.items()}
+    removed = [1 - on["rebuild_s"] / off["rebuild_s"] for off, on in zip(per_rep["off"], per_rep["on"], strict=True)]
+    step = [on["step_s"] / off["step_s"] for off, on in zip(per_rep["off"], per_rep["on"], strict=True)]
+    out["ratio"] = {
+        "removed_median": statistics.median(removed),
+        "removed_min": min(removed),
+        "step_on_over_off_median": statistics.median(step),
+        "rebuild_over_compute_off_median": statistics.median(r["rebuild_s"] / r["compute_s"] for r in per_rep["off"]),
+    }
+    return out
 
 
 def rebuild_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
@@ -155,7 +171,9 @@ def rebuild_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
     import retro
     import retro.rpc
 
-    print("graph rebuild per micro-batch: forward build + backward expansion + allocation, against compute")
+    print(
+        "graph rebuild per micro-batch (forward build + backward expansion + allocation), packed-topology cache off and on"
+    )
     with contextlib.ExitStack() as stack:
         if retro._native.rpc_built():
             server = stack.enter_context(retro.rpc.Server(threads=CORES))
@@ -169,16 +187,19 @@ def _rebuild_rows(folder: Path, backends: list[tuple[str, Device | None]], *, re
     from retro.testing import TinyLlamaSpec, write_tiny_llama
 
     rows: list[dict[str, object]] = []
-    for label, spec in REBUILD_MODELS.items():
+    for label, (spec, ubatches) in REBUILD_MODELS.items():
         path = write_tiny_llama(folder / f"rebuild-{len(rows)}.gguf", TinyLlamaSpec(**spec))
         for backend, device in backends:
-            for n_ubatch in (64, 256):
+            for n_ubatch in ubatches:
                 r = rebuild_cost(path, device=device, threads=CORES, n_ubatch=n_ubatch, reps=reps)
                 rows.append({"model": label, "backend": backend, "n_ubatch": n_ubatch, **r})
+                off, on, ratio = r["off"], r["on"], r["ratio"]
                 print(
-                    f"  {label:14} {backend:16} n_ubatch {n_ubatch:3}: build {r['graph_build_s'] * 1e3:6.2f} + "
-                    f"backward/alloc {r['backward_alloc_s'] * 1e3:6.2f} ms vs compute {r['compute_s'] * 1e3:7.2f} ms: "
-                    f"rebuild/compute {r['rebuild_over_compute_median']:.3f} (min {r['rebuild_over_compute_min']:.3f})",
+                    f"  {label:14} {backend:16} n_ubatch {n_ubatch:3}: rebuild off {off['rebuild_s'] * 1e3:6.3f} ms "
+                    f"(build {off['graph_build_s'] * 1e3:.3f}, backward {off['backward_build_s'] * 1e3:.3f}, "
+                    f"alloc {off['alloc_s'] * 1e3:.3f}) = {ratio['rebuild_over_compute_off_median']:.3f} of compute; "
+                    f"cache on {on['rebuild_s'] * 1e3:6.3f} ms: removed {ratio['removed_median']:.1%} "
+                    f"(min {ratio['removed_min']:.1%}); step on/off {ratio['step_on_over_off_median']:.3f}",
                     flush=True,
                 )
     return rows
@@ -268,7 +289,7 @@ def transaction_table(folder: Path, *, reps: int) -> dict[str, object]:
     from retro.testing import TinyLlamaSpec, write_tiny_llama
 
     report: dict[str, object] = {}
-    for label, spec in REBUILD_MODELS.items():
+    for label, (spec, _) in REBUILD_MODELS.items():
         model = write_tiny_llama(folder / f"tx-{len(report)}.gguf", TinyLlamaSpec(**spec))
         for busy in (False, True):
             key = f"{label}{', busy interpreter' if busy else ''}"

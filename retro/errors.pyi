@@ -33,6 +33,12 @@ class BackendError(RetroError):
 class InvalidStateError(RetroError):
     """The object is closed, or the call does not fit its state (e.g. a second trainer)."""
 
+class TopologyGateError(InvalidStateError):
+    """Refused: the packed-topology cache was asked for (Trainer(topology_cache=True)) without a
+    results package whose gate enables it for this build and for every backend the model runs
+    on. The message names what is missing; topology_cache='forced' switches it on without the
+    gate."""
+
 class TrainingError(RetroError):
     """A training call failed."""
 
@@ -73,4 +79,4 @@ class MemoryBudgetError(TrainingError):
     """Refused by Trainer.preflight before anything was allocated or changed: the memory the epoch
     would allocate exceeds the budget given. `preflight` carries the measurement."""
 
-__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError', 'MemoryBudgetError']
+__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TopologyGateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError', 'MemoryBudgetError']

@@ -5,13 +5,14 @@ from __future__ import annotations
 import _ctypes
 import ctypes
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _native
+from . import _checks, _native, topology
 from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .checkpoint import Checkpoint
@@ -98,10 +99,13 @@ class EpochMetrics:
     elapsed_s: float
     throttle_s: float  # slept by the duty-cycle limiter
     # where the micro-batches spent their time, summed: dynamic graphs are rebuilt (forward
-    # build, backward expansion and allocation) before every compute
+    # build, backward expansion and allocation) before every compute, unless the packed-topology
+    # cache runs its entry's graphs again
     staging_s: float  # batch, memory, inputs and labels
     graph_build_s: float
     backward_alloc_s: float
+    backward_build_s: float  # of backward_alloc_s: the backward and optimizer graphs built
+    alloc_s: float  # of backward_alloc_s: the step's graph allocated
     compute_s: float
 
     @property
@@ -144,7 +148,15 @@ class Trainer(NativeHandle):
     loss; the fused head saves the label memory and its copy (a top-k dataset at a large
     vocabulary), the dense head is ggml's own fused kernel (small vocabularies, one label per
     token). A backend that cannot run an op of the fused head fails the step with
-    :class:`retro.UnsupportedHeadError` before anything is allocated."""
+    :class:`retro.UnsupportedHeadError` before anything is allocated.
+
+    ``topology_cache`` switches on the fork's packed-topology cache (:mod:`retro.topology`): a
+    micro-batch whose key (token geometry and sequence layout, target count, head, training or
+    evaluation, trainable tensors) matches the one entry's runs its graphs again instead of
+    rebuilding them. ``True`` needs a results package whose gate enables the cache for this build
+    and for every backend the model runs on (``topology_gate``, a folder or its results.json, or
+    ``$RETRO_TOPOLOGY_GATE``), else :class:`retro.TopologyGateError` says what is missing;
+    ``"forced"`` switches it on without one."""
 
     _h: _native.Trainer
 
@@ -158,6 +170,8 @@ class Trainer(NativeHandle):
         schedule: Schedule | None = None,
         horizon: int | None = None,
         head: str = "dense",
+        topology_cache: bool | str = False,
+        topology_gate: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(context, Context):
             raise TypeError("context must be a retro.Context")
@@ -174,6 +188,7 @@ class Trainer(NativeHandle):
         if head not in HEADS:
             raise ValueError(f"head must be one of {', '.join(HEADS)}, not {head!r}")
         steps = None if horizon is None else _checks.integer("horizon", horizon, minimum=1, maximum=_checks.INT64_MAX)
+        cache = topology.check_mode(topology_cache)
         if context.closed:
             raise ValueError("the context is closed")
         if not context.model.trainable:
@@ -184,6 +199,8 @@ class Trainer(NativeHandle):
                 f"training needs n_ctx ({n_ctx}) divisible by n_batch ({n_batch}) and n_batch "
                 f"divisible by n_ubatch ({n_ubatch})"
             )
+        if cache is True:  # before anything native: a refused gate leaves no trainer behind
+            topology.require_gate(topology_gate, topology.backends_of(context.model.tensor_devices()))
         self.context = context
         self.optimizer = optimizer
         self.accumulation = accumulation
@@ -193,10 +210,17 @@ class Trainer(NativeHandle):
         self._head = head
         if head == "fused":
             self._h.set_head(True)
+        if cache:
+            self._h.set_topology_cache(True)
         if schedule is not None and steps is not None:
             self._h.set_schedule(_wrap_schedule(schedule), steps)
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def topology_cache(self) -> topology.TopologyCacheStats:
+        """The packed-topology cache's counters, read from the fork (:mod:`retro.topology`)."""
+        return topology.TopologyCacheStats._from_native(self._h.topology_stats)
+
     @property
     def head(self) -> str:
         """The loss head, ``"dense"`` or ``"fused"``: chosen at creation, kept for the trainer's life."""

@@ -54,7 +54,13 @@ def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
     rc, res, log = certify(tmp_path, "--backend", "all")
     assert rc == 1, log
     assert res["verdict"]["cpu"] == "not certified"
-    assert res["clauses"]["TOPO-01"]["cpu"] == "not covered"
+    assert res["clauses"]["HARNESS-05"]["cpu"] == "not covered"
+    # the packed-topology cache's gate, decided from this evidence: every gated clause passes on the
+    # CPU, and the backends the package does not have keep it refused
+    decision = res["gates"]["topology-cache"]
+    assert decision["decision"] == "refuse", decision
+    assert not [m for m in decision["missing"] if " on cpu: " in m], decision["missing"]
+    assert any(m.endswith("not available (" + res["backends"]["metal"]["reason"] + ")") for m in decision["missing"])
     for name in ("cuda", "vulkan", "metal"):
         if res["backends"][name]["status"] != "available":
             assert res["verdict"][name] == "not available"

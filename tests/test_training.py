@@ -222,3 +222,21 @@ def test_a_schedule_sets_the_rate_of_each_step(model_path):
         fixed = m.parameters()
     for name in fixed:
         assert np.array_equal(scheduled[name], fixed[name]), name
+
+
+@pytest.mark.parametrize("n_ubatch", [32, 256])
+def test_a_deep_model_trains_in_micro_batches_smaller_than_the_window(tmp_path, n_ubatch):
+    """A 12-layer model, with micro-batches through the KV cache (32 of a 256-token window) and
+    without (the whole window): the backward and optimizer graphs fit the graph budget (fork patch
+    0040; the KV-cache path aborted in ggml's backward expansion), and the loss goes down."""
+    from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "deep.gguf", TinyLlamaSpec(n_layer=12))
+    with (
+        retro.Model.load(path, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=n_ubatch) as c,
+        retro.Trainer(c, optimizer=retro.AdamW(lr=1e-3)) as tr,
+    ):
+        ds = dataset(2)
+        first = tr.epoch(ds).train_loss
+        assert tr.epoch(ds).train_loss < first

@@ -39,7 +39,8 @@ def _package(removed: float = 0.95) -> dict:
                             "name": gate.MEASUREMENT,
                             "cache": cache,
                             "forward_build_us": cost / 2,
-                            "backward_alloc_us": cost / 2,
+                            "backward_build_us": cost / 4,
+                            "alloc_us": cost / 4,
                         }
                     ],
                 }

@@ -227,6 +227,13 @@ void bind_context(py::module_ & m) {
                                        Busy busy(self, CallGuard::Nesting::allowed);
                                        return llama_opt_last_step_times(self.get()).n_tokens;
                                    })
+            // nodes of the forward graph the last training step built (0: it built none, the
+            // packed-topology cache ran its entry's graphs)
+            .def_property_readonly("last_step_forward_nodes",
+                                   [](Context & self) {
+                                       Busy busy(self, CallGuard::Nesting::allowed);
+                                       return llama_opt_last_step_times(self.get()).n_forward_nodes;
+                                   })
             .def_property_readonly("threads_now",
                                    [](const Context & self) { return llama_n_threads_batch(self.get()); })
             .def("close",

@@ -257,6 +257,25 @@ void bind_trainer(py::module_ & m) {
                     [](Trainer & t, const std::string & name) { return read_state(t, name, -1); }, py::arg("name"))
             .def("prepare_state", &Trainer::prepare_state, py::call_guard<WithoutGil>())
             .def("set_head", &Trainer::set_head, py::arg("fused"), py::call_guard<WithoutGil>())
+            .def("set_topology_cache", &Trainer::set_topology_cache, py::arg("enabled"), py::call_guard<WithoutGil>())
+            // the fork's counters of the topology cache: hits, misses (by key part), allocations,
+            // invalidations (by event), the last reason, whether it is on and holds an entry
+            .def_property_readonly("topology_stats",
+                                   [](Trainer & t) {
+                                       const llama_opt_topology_stats s = t.topology_stats();
+                                       py::dict d;
+                                       d["hits"]          = s.hits;
+                                       d["misses"]        = s.misses;
+                                       d["allocations"]   = s.allocations;
+                                       d["invalidations"] = s.invalidations;
+                                       d["by_reason"] = std::vector<int64_t>(s.by_reason,
+                                                                             s.by_reason + LLAMA_OPT_TOPOLOGY_REASONS);
+                                       d["last_reason"] = s.last_reason;
+                                       d["enabled"]     = s.enabled;
+                                       d["has_entry"]   = s.has_entry;
+                                       return d;
+                                   })
+            .def_property_readonly("topology_walk", &Trainer::topology_walk)
             .def_property_readonly("fused_head", &Trainer::fused_head)
             .def(
                     "set_moment",

@@ -223,6 +223,8 @@ EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_er
             m.staging_s += 1e-6 * (double) (st.prepare_us + st.inputs_us);
             m.graph_build_s += 1e-6 * (double) st.graph_build_us;
             m.backward_alloc_s += 1e-6 * (double) st.backward_alloc_us;
+            m.backward_build_s += 1e-6 * (double) st.backward_build_us;
+            m.alloc_s += 1e-6 * (double) st.alloc_us;
             m.compute_s += 1e-6 * (double) st.compute_us;
             ++done;
             (train ? m.train_micro_batches : m.eval_micro_batches) += 1;

@@ -159,6 +159,21 @@ void Trainer::prepare_state() {
     }
 }
 
+void Trainer::set_topology_cache(bool enabled) {
+    CallGuard call(held());
+    if (llama_opt_set_topology_cache(ctx(), enabled) != LLAMA_OPT_STATUS_OK) {
+        throw Error(ErrorKind::InvalidState, "the trainer has no optimizer");
+    }
+}
+
+llama_opt_topology_stats Trainer::topology_stats() {
+    return llama_opt_get_topology_stats(ctx());
+}
+
+std::pair<int64_t, int64_t> Trainer::topology_walk() {
+    return {llama_opt_topology_foreign_sources(ctx()), llama_opt_topology_stale_addresses(ctx())};
+}
+
 void Trainer::set_head(bool fused) {
     CallGuard call(held());
     if (llama_opt_set_head(ctx(), fused ? LLAMA_OPT_HEAD_FUSED : LLAMA_OPT_HEAD_DENSE) != LLAMA_OPT_STATUS_OK) {

@@ -112,6 +112,12 @@ public:
     void prepare_state();
     void set_iteration(int64_t iteration);
 
+    // the packed-topology cache of the fork (llama_opt_set_topology_cache), its counters, and the
+    // walk of its entry's graphs: (sources that are not their own tensors, stale compute addresses)
+    void set_topology_cache(bool enabled);
+    llama_opt_topology_stats topology_stats();
+    std::pair<int64_t, int64_t> topology_walk();
+
     // the loss head of every later step: fused (sparse targets, no dense label rows) or dense
     void set_head(bool fused);
     bool fused_head() const { return fused_head_; }

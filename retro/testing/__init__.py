@@ -7,11 +7,13 @@ from .probes import (
     LiveAllocations,
     PackedBatch,
     label_rows,
+    last_step_forward_nodes,
     last_step_tokens,
     live_allocations,
     micro_batch,
     packed_batch,
     sparse_targets,
+    topology_walk,
 )
 
 __all__ = [
@@ -19,11 +21,13 @@ __all__ = [
     "PackedBatch",
     "TinyLlamaSpec",
     "label_rows",
+    "last_step_forward_nodes",
     "last_step_tokens",
     "live_allocations",
     "micro_batch",
     "packed_batch",
     "sparse_targets",
+    "topology_walk",
     "upstream_epoch",
     "write_tiny_llama",
 ]

@@ -71,6 +71,24 @@ def last_step_tokens(context: Context) -> int:
     return int(context._h.last_step_tokens)
 
 
+def last_step_forward_nodes(context: Context) -> int:
+    """Nodes of the forward graph the last training step built, read from the fork's step timer
+    (0: the step built no graph, the packed-topology cache ran its entry's)."""
+    if not isinstance(context, Context):
+        raise TypeError("context must be a retro.Context")
+    return int(context._h.last_step_forward_nodes)
+
+
+def topology_walk(trainer: Trainer) -> tuple[int, int]:
+    """The walk of the packed-topology cache entry's graphs, by the fork: sources that are not the
+    graphs' own tensors (a scheduler copy that entered them) and tensors left at a stale compute
+    address; (-1, -1) without an entry."""
+    if not isinstance(trainer, Trainer):
+        raise TypeError("trainer must be a retro.Trainer")
+    foreign, stale = trainer._h.topology_walk
+    return int(foreign), int(stale)
+
+
 @forwarding
 def micro_batch(trainer: Trainer, tokens: np.ndarray, labels: np.ndarray, *, pos0: int = 0, train: bool = True) -> None:
     """One training (or evaluation) micro-batch of the fork's step at positions pos0.., with

@@ -1,0 +1,374 @@
+"""The packed-topology cache (seed 000, "Packed graph topology is rebuilt on every step"):
+TOPO-01 (off by default: every step builds its graph, nothing of a graph is kept), TOPO-02 (an
+immutable kept topology, and a disposable clone for the scheduler), TOPO-03 (every allocation
+remaps the inputs and outputs; parameters, optimizer slots and accumulators stay), TOPO-04 (a
+change of a key part misses), TOPO-05 (events invalidate the entry), TOPO-06 (one entry) and
+TOPO-07 (enabling is gated on this build's evidence).
+
+Observations come from the fork: its step timer (the nodes of the forward graph a step built), its
+counters of hits, misses and invalidations with their reason, its walk of the kept graphs (sources
+that are not their own tensors, tensors at a stale compute address), and ggml's counts of live
+contexts and buffers. The oracle of every result is the same run with the cache off: bitwise on
+the CPU, within the CPU-oracle tolerance elsewhere. The rebuild cost the cache removes is measured
+with the cache off and on, side by side in one run, into results.json for the gate."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import retro
+import retro.fault_injection as fi
+from retro.conformance import gate, registry, results, support
+from retro.conformance.evidence import bound, expect, measure
+from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk
+
+WIDTH = 256
+
+
+def _data(n_vocab: int, seed: int, windows: int = 4, width: int = WIDTH) -> retro.TokenDataset:
+    return support.windows(windows, width, n_vocab, seed)
+
+
+def _top_k(n_vocab: int, seed: int, k: int, windows: int = 2) -> retro.TopKDataset:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, n_vocab, size=(windows, WIDTH), dtype=np.int32)
+    ids = rng.integers(0, n_vocab, size=(windows, WIDTH, k), dtype=np.int32)
+    return retro.TopKDataset(tokens, ids, np.full(ids.shape, 1.0 / k, np.float32))
+
+
+def _n_vocab(backend, model_path) -> int:
+    with support.load(backend, model_path, trainable=False) as probe:
+        return probe.n_vocab
+
+
+class _Run:
+    """One trainer's run: its epochs' metrics, what the fork showed after every micro-batch, and
+    the parameters at the end."""
+
+    def __init__(self) -> None:
+        self.metrics: list[retro.EpochMetrics] = []
+        self.built: list[int] = []  # forward nodes the step built
+        self.walks: list[tuple[int, int]] = []
+        self.live: list[tuple[int, int]] = []
+        self.entry: list[bool] = []
+        self.errors: list[str] = []
+        self.stats: retro.topology.TopologyCacheStats | None = None
+        self.params: dict[str, np.ndarray] = {}
+        self.seen: list[tuple[str, bool, bool, int]] = []  # event, entry before, after, counted
+        self.observe = lambda _p=None: True  # the progress callback of the run's epochs
+
+
+def _run(backend, model_path, cache, steps, *, n_ctx=WIDTH, n_ubatch=WIDTH, head="dense", accumulation=1, opt=None):
+    """`steps(trainer, context, run)` drives the trainer; every micro-batch of its epochs records
+    the fork's observations."""
+    run = _Run()
+    with support.load(backend, model_path) as model, support.context(model, n_ctx=n_ctx, n_ubatch=n_ubatch) as ctx:
+        with retro.Trainer(
+            ctx, optimizer=opt or retro.AdamW(lr=1e-3), accumulation=accumulation, head=head, topology_cache=cache
+        ) as tr:
+
+            def observe(_p=None) -> bool:
+                run.built.append(last_step_forward_nodes(ctx))
+                run.walks.append(topology_walk(tr))
+                contexts, buffers = live_allocations()
+                run.live.append((contexts, buffers))
+                run.entry.append(tr.topology_cache.has_entry)
+                return True
+
+            run.observe = observe
+            steps(tr, ctx, run)
+            run.stats = tr.topology_cache
+        run.params = model.parameters()
+    return run
+
+
+def _epochs(datasets, val_fraction=0.0):
+    def steps(tr, ctx, run):
+        for ds in datasets:
+            run.metrics.append(tr.epoch(ds, val_fraction=val_fraction, progress=run.observe))
+
+    return steps
+
+
+def _same_as_oracle(clause: str, backend, on: _Run, off: _Run, what: str) -> None:
+    with bound(clause):
+        losses_on = np.array([m.train_loss for m in on.metrics])
+        losses_off = np.array([m.train_loss for m in off.metrics])
+        support.assert_close(losses_on, losses_off, backend, f"{what}: losses with the cache on")
+        support.assert_params_equal(on.params, off.params, backend, f"{what}: parameters with the cache on")
+
+
+@pytest.mark.clause("TOPO-01")
+def test_by_default_every_step_builds_its_graph_and_keeps_none(backend, model_path, seed):
+    """A trainer that did not ask for the cache: the fork reports it off, every micro-batch built
+    its forward graph (the fork's step timer), no entry is held after any step, and ggml's live
+    contexts stay as many, and buffers step for step those of the first of two like epochs (what
+    persists is metadata storage, not a graph per step)."""
+    n_vocab = _n_vocab(backend, model_path)
+    run = _run(backend, model_path, False, _epochs([_data(n_vocab, seed), _data(n_vocab, seed + 1)], 0.25))
+    steps = sum(m.micro_batches for m in run.metrics)
+    expect("TOPO-01", not run.stats.enabled, "the cache is on in a trainer that did not ask for it")
+    expect(
+        "TOPO-01",
+        len(run.built) == steps and all(n > 0 for n in run.built),
+        f"forward nodes built per step: {run.built}",
+    )
+    expect("TOPO-01", not any(run.entry), "a graph is held across steps with the cache off")
+    expect("TOPO-01", run.stats.hits == 0, f"{run.stats.hits} steps ran a kept graph")
+    first = run.metrics[0].micro_batches
+    expect(
+        "TOPO-01",
+        run.live[first:] == run.live[:first] and len({c for c, _ in run.live}) == 1,
+        f"live ggml contexts and buffers after each step of two epochs alike: {run.live}",
+    )
+
+
+@pytest.mark.clause("TOPO-02")
+def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(backend, model_path, seed):
+    """With the cache on, after every micro-batch the fork's walk of the kept graphs finds no
+    source that is not their own tensor (a scheduler copy; the graph splits across backends off
+    the CPU, where llama.cpp keeps the input layer) and no tensor at a compute address other than
+    a remapped input or output of the current clone; hits run without building. The rebuild cost
+    per step (forward build, backward build, allocation) is measured with the cache off and on,
+    the two runs side by side, for the gate: over the second epoch, after one that warms both up
+    (the entry is made by the first step; a miss costs a whole rebuild)."""
+    n_vocab = _n_vocab(backend, model_path)
+    data = [_data(n_vocab, seed), _data(n_vocab, seed + 1, windows=8)]
+    off = _run(backend, model_path, False, _epochs(data))
+    on = _run(backend, model_path, "forced", _epochs(data))
+    with bound("TOPO-02"):
+        assert on.stats.enabled and on.stats.hits > 0, f"the cache ran no kept graph: {on.stats}"
+        assert all(w == (0, 0) for w in on.walks), f"walk of the kept graphs per step (foreign, stale): {on.walks}"
+        assert [n > 0 for n in on.built].count(True) == on.stats.misses, f"steps that built: {on.built}, {on.stats}"
+    for cache, r in (("off", off), ("on", on)):
+        warm = r.metrics[1]
+        steps = warm.micro_batches
+
+        def per_step(field: str, warm=warm, steps=steps) -> float:
+            return 1e6 * getattr(warm, field) / steps
+
+        measure(
+            gate.MEASUREMENT,
+            cache=cache,
+            steps=steps,
+            forward_build_us=per_step("graph_build_s"),
+            backward_build_us=per_step("backward_build_s"),
+            alloc_us=per_step("alloc_s"),
+            step_us=per_step("compute_s")
+            + per_step("staging_s")
+            + per_step("backward_alloc_s")
+            + per_step("graph_build_s"),
+        )
+    _same_as_oracle("TOPO-02", backend, on, off, "period 1")
+
+
+@pytest.mark.clause("TOPO-03")
+def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend, model_path, seed):
+    """Accumulation over two micro-batches makes every step allocate a clone again (the gradient
+    and the optimizer graph alternate) and an evaluation tail switches graphs: with the cache on,
+    the losses, accuracies and every parameter after AdamW steps equal those with it off, so each
+    allocation gave the step its own inputs and targets, read its own loss and kept parameters,
+    moments and accumulators."""
+    n_vocab = _n_vocab(backend, model_path)
+    data = [_data(n_vocab, seed, windows=5), _data(n_vocab, seed + 2, windows=5)]
+    off = _run(backend, model_path, False, _epochs(data, 0.2), n_ubatch=128, accumulation=2)
+    on = _run(backend, model_path, "forced", _epochs(data, 0.2), n_ubatch=128, accumulation=2)
+    expect("TOPO-03", on.stats.allocations > on.stats.misses, f"no allocation of a kept graph's clone: {on.stats}")
+    expect("TOPO-03", all(w[0] == 0 for w in on.walks), f"scheduler copies in the kept graphs: {on.walks}")
+    _same_as_oracle("TOPO-03", backend, on, off, "accumulation 2 with an evaluation tail")
+    with bound("TOPO-03"):
+        support.assert_close(
+            np.array([m.eval_loss for m in on.metrics]),
+            np.array([m.eval_loss for m in off.metrics]),
+            backend,
+            "eval loss",
+        )
+
+
+@pytest.mark.clause("TOPO-04")
+def test_a_change_of_each_key_part_misses_the_cache(backend, model_path, seed):
+    """Each key part changed alone misses with that part's reason in the fork's counters, and the
+    run equals the cache-off one: the fused head's target count (k 4, then 2), the step kind (an
+    evaluation micro-batch, then a training one) and the token geometry (a window over a KV cache
+    whose view grows: 512 tokens in micro-batches of 128). The loss head and the trainable tensors
+    cannot change within a trainer (it keeps both for its life), so they cannot miss there."""
+    n_vocab = _n_vocab(backend, model_path)
+    targets = [_top_k(n_vocab, seed, 4), _top_k(n_vocab, seed + 1, 2)]
+    off = _run(backend, model_path, False, _epochs(targets), head="fused", opt=retro.SGD(lr=0.5))
+    on = _run(backend, model_path, "forced", _epochs(targets), head="fused", opt=retro.SGD(lr=0.5))
+    expect("TOPO-04", on.stats.misses_by["targets"] == 1, f"k 4 then 2: {on.stats.misses_by}")
+    _same_as_oracle("TOPO-04", backend, on, off, "k 4 then 2")
+
+    window = _data(n_vocab, seed + 3, windows=1)
+    tokens, labels = window.tokens[0], window.labels[0]
+
+    def kinds(tr, ctx, run):
+        for train in (False, True, True):
+            try:
+                micro_batch(tr, tokens, labels, train=train)
+            except retro.RetroError as e:
+                run.errors.append(f"{type(e).__name__}: {e}")
+        run.metrics.append(tr.epoch(_data(n_vocab, seed + 4, windows=1)))
+
+    off = _run(backend, model_path, False, kinds)
+    on = _run(backend, model_path, "forced", kinds)
+    expect("TOPO-04", not on.errors and not off.errors, f"evaluation then training: {on.errors or off.errors}")
+    expect("TOPO-04", on.stats.misses_by["kind"] >= 1, f"evaluation then training: {on.stats.misses_by}")
+    _same_as_oracle("TOPO-04", backend, on, off, "evaluation then training")
+
+    grow = [_data(n_vocab, seed + 5, windows=2, width=512)]
+    off = _run(backend, model_path, False, _epochs(grow), n_ctx=512, n_ubatch=128)
+    on = _run(backend, model_path, "forced", _epochs(grow), n_ctx=512, n_ubatch=128)
+    expect("TOPO-04", on.stats.misses_by["geometry"] >= 1, f"a growing KV view: {on.stats.misses_by}")
+    _same_as_oracle("TOPO-04", backend, on, off, "a growing KV view")
+
+
+def _faults_between_epochs(n_vocab: int, seed: int):
+    """Epochs with an event before each: a decode (generation, scoring), a preflight, a checkpoint
+    restore (the optimizer state made again), and a step failing at each before-compute site a
+    step that runs the entry reaches (a hit builds and allocates nothing, so the build, metadata
+    and allocation sites are reached only by a miss, which has dropped the entry already)."""
+    data = _data(n_vocab, seed, windows=2)
+    sites = ["batch_init", "memory_init", "output_reserve"]
+
+    def steps(tr, ctx, run):
+        run.metrics.append(tr.epoch(data, progress=run.observe))
+
+        def decode() -> None:
+            ctx.decode(data.tokens[0, :16])
+            ctx.reset()
+
+        events: list[tuple[str, Callable[[], object]]] = [
+            ("decode", decode),
+            ("preflight", lambda: tr.preflight(data)),
+            ("layout", lambda: tr.restore(tr.checkpoint())),
+        ]
+        for site in sites:
+            events.append(("error", functools.partial(_fail_once, tr, data, site)))
+        for name, event in events:
+            before = tr.topology_cache
+            event()
+            after = tr.topology_cache
+            counted = after.invalidations_by[name] - before.invalidations_by[name]
+            run.seen.append((name, before.has_entry, after.has_entry, counted))
+            run.metrics.append(tr.epoch(data, progress=run.observe))
+
+    return steps
+
+
+def _fail_once(tr: retro.Trainer, data, site: str) -> None:
+    fi.arm(site, 1)
+    try:
+        tr.epoch(data)
+    except retro.BeforeComputeError:
+        pass
+    finally:
+        fi.reset()
+
+
+@pytest.mark.clause("TOPO-05")
+def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backend, model_path, seed):
+    n_vocab = _n_vocab(backend, model_path)
+    off = _run(backend, model_path, False, _faults_between_epochs(n_vocab, seed))
+    on = _run(backend, model_path, "forced", _faults_between_epochs(n_vocab, seed))
+    for name, had, has, counted in on.seen:
+        expect(
+            "TOPO-05", had and not has and counted == 1, f"{name}: entry before {had}, after {has}, counted {counted}"
+        )
+    _same_as_oracle("TOPO-05", backend, on, off, "events between epochs")
+
+
+@pytest.mark.clause("TOPO-06")
+def test_the_cache_holds_one_entry(backend, model_path, seed):
+    """Training and evaluation micro-batches alternate (an evaluation tail in every epoch), so each
+    replaces the entry: the fork holds one, and ggml's live contexts and buffers after every step
+    of the later epochs are those of the first epoch's steps (replaced entries are freed)."""
+    n_vocab = _n_vocab(backend, model_path)
+    data = [_data(n_vocab, seed + i, windows=2) for i in range(4)]
+    on = _run(backend, model_path, "forced", _epochs(data, 0.5))
+    with bound("TOPO-06"):
+        assert on.stats.misses_by["kind"] >= 6, f"the kinds did not alternate: {on.stats}"
+        assert all(on.entry), "a step left no entry"
+        first = set(on.live[:2])
+        grown = [(i, lv) for i, lv in enumerate(on.live[2:], start=2) if lv not in first]
+        assert not grown, f"live contexts and buffers grew after the first epoch: {grown[:3]} (first {first})"
+
+
+def _package(tmp_path, backend, *, series: str | None = None, passing: bool = True):
+    """A results package of this build whose gate enables the cache for `backend` (every gated clause
+    passing, the rebuild 95 % removed), or refuses it, or comes from another patch series."""
+    info = retro.build_info()
+    run = {
+        "start_time": "2026-01-01T00:00:00+00:00",
+        "retro": retro.__version__,
+        "llama_cpp": info["llama_cpp_commit"],
+        "patch_series_sha256": series or info["patch_series_sha256"],
+    }
+    names = sorted({"cpu", backend.name})
+    cases = [
+        {
+            "id": f"rebuild-{name}-{cache}",
+            "clauses": ["TOPO-02"],
+            "backend": name,
+            "defect": None,
+            "outcome": "pass",
+            "duration_s": 0.0,
+            "message": "",
+            "caught": None,
+            "measurements": [
+                {
+                    "name": gate.MEASUREMENT,
+                    "cache": cache,
+                    "forward_build_us": cost,
+                    "backward_build_us": 0.0,
+                    "alloc_us": 0.0,
+                }
+            ],
+        }
+        for name in names
+        for cache, cost in (("off", 100.0), ("on", 5.0))
+    ]
+    res = {
+        "schema": results.SCHEMA,
+        "run": run,
+        "shards": [run],
+        "selected": list(registry.clauses()),
+        "backends": {n: {"status": "available", "reason": ""} for n in names},
+        "clauses": {c: dict.fromkeys(names, "pass") for c in registry.clauses()},
+        "clause_details": {c: dict.fromkeys(names, "") for c in registry.clauses()},
+        "cases": cases,
+        "verdict": dict.fromkeys(names, "certified"),
+    }
+    if not passing:
+        res["clauses"]["TOPO-05"][backend.name] = "fail"
+    res["gates"] = {gate.NAME: gate.decide(res)}
+    res["digest"] = results.digest(res)
+    folder = tmp_path / f"package-{series or 'this'}-{passing}"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(res), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.clause("TOPO-07")
+def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_path, tmp_path):
+    """topology_cache=True with no package, a refusing one or one of another patch series raises the
+    typed error naming what is missing, before a trainer exists; with a package of this build whose
+    gate enables the cache for this backend it is on; "forced" needs none."""
+    enabling = _package(tmp_path, backend)
+    refusing = _package(tmp_path, backend, passing=False)
+    foreign = _package(tmp_path, backend, series="0" * 64)
+    with support.load(backend, model_path) as model, support.context(model) as ctx:
+        for package, why in ((None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")):
+            with bound("TOPO-07"), pytest.raises(retro.TopologyGateError, match=why):
+                retro.Trainer(ctx, topology_cache=True, topology_gate=package)
+        with retro.Trainer(ctx, topology_cache=True, topology_gate=enabling) as tr:
+            expect("TOPO-07", tr.topology_cache.enabled, "an enabling gate left the cache off")
+        with retro.Trainer(ctx, topology_cache="forced") as tr:
+            expect("TOPO-07", tr.topology_cache.enabled, "forced left the cache off")
+        with retro.Trainer(ctx) as tr:
+            expect("TOPO-07", not tr.topology_cache.enabled, "the cache is on without being asked for")
