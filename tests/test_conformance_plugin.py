@@ -45,10 +45,10 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
         import pytest
         from retro._native import hooks
         from retro.conformance.evidence import expect
-        @pytest.mark.clause("BASE-01", "TOPO-01")
+        @pytest.mark.clause("BASE-01", "HARNESS-05")
         def test_x(backend):
             expect("BASE-01", not hooks.defect_on("BASE-01"), "defect seen")
-            expect("TOPO-01", True)
+            expect("HARNESS-05", True)
     """
     )
     res, recs = _results(pytester, "--backend=cpu,cuda")
@@ -58,8 +58,8 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
     assert by[("cpu", "BASE-01")]["caught"] == {"clause": "BASE-01", "assertion": "defect seen"}
     assert by[("cpu", "BASE-01.eval-period")]["outcome"] == "survived"  # this check does not catch that one
     assert by[("cuda", None)]["outcome"] == "not available"  # absent here: never "pass"
-    assert by[("cpu", None)]["clauses"] == ["BASE-01", "TOPO-01"]
-    assert len(recs) == 6  # two defects of BASE-01; TOPO-01 has none: no extra run
+    assert by[("cpu", None)]["clauses"] == ["BASE-01", "HARNESS-05"]
+    assert len(recs) == 6  # two defects of BASE-01; HARNESS-05 has none: no extra run
     assert res.ret == pytest.ExitCode.OK
 
 
@@ -140,13 +140,13 @@ def test_the_clause_filter_deselects_other_checks(pytester):
         test_x="""
         import pytest
         from retro.conformance.evidence import expect
-        @pytest.mark.clause("TOPO-02")
+        @pytest.mark.clause("HARNESS-06")
         def test_a(backend):
-            expect("TOPO-02", True)
+            expect("HARNESS-06", True)
         @pytest.mark.clause("HOST-01")
         def test_b(backend):
             expect("HOST-01", True)
     """
     )
-    _, recs = _results(pytester, "--clauses=TOPO")
+    _, recs = _results(pytester, "--clauses=HARNESS-06")
     assert [r["id"] for r in recs] == ["test_x.py::test_a"]
