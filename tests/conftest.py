@@ -51,3 +51,18 @@ def _no_armed_hooks():
 def dataset(n_windows: int, width: int = 256, seed: int = 0, n_vocab: int = 512) -> retro.TokenDataset:
     stream = np.random.default_rng(seed).integers(0, n_vocab, size=n_windows * width + 1)
     return retro.TokenDataset.from_tokens(stream, width=width)
+
+
+def stateful_settings(examples: int, steps: int):
+    """hypothesis settings of the stateful tests: derandomized (the same sequences every run, no
+    example database) and without deadlines or health checks (a step trains a model)."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -20,7 +19,7 @@ from hypothesis.stateful import (
 
 import retro
 import retro.fault_injection as fi
-from conftest import dataset
+from conftest import dataset, stateful_settings
 
 PER_EPOCH = 4  # one window of 256 tokens in micro-batches of 64
 BEFORE_COMPUTE = [s for s in fi.SITES if s != "compute"]
@@ -141,12 +140,5 @@ def test_the_trainer_keeps_its_contract_under_any_sequence_of_calls(model_path):
     TrainerContract.model_path = model_path
     run_state_machine_as_test(
         TrainerContract,
-        settings=settings(
-            max_examples=25,
-            stateful_step_count=12,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        ),
+        settings=stateful_settings(25, 12),
     )

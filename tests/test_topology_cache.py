@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,7 +22,7 @@ from hypothesis.stateful import (
 
 import retro
 import retro.fault_injection as fi
-from conftest import dataset
+from conftest import dataset, stateful_settings
 
 PER_EPOCH = 4  # one window of 256 tokens in micro-batches of 64
 #: the sites a step reaches whether it runs the entry's graphs or builds its own
@@ -145,14 +144,7 @@ def test_the_cache_on_trains_bitwise_as_the_cache_off_under_any_sequence_of_call
     CacheEquivalence.model_path = model_path
     run_state_machine_as_test(
         CacheEquivalence,
-        settings=settings(
-            max_examples=15,
-            stateful_step_count=10,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        ),
+        settings=stateful_settings(15, 10),
     )
 
 
