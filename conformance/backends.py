@@ -14,6 +14,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from . import registry
+
 KNOWN = ("cpu", "rpc", "cuda", "vulkan", "metal")
 # ggml backend registry names, lowercased, to our names
 _REG_NAMES = {"cpu": "cpu", "rpc": "rpc", "cuda": "cuda", "vulkan": "vulkan", "metal": "metal", "mtl": "metal"}
@@ -59,8 +61,6 @@ class Backend:
 def classify(built: set[str], devices: list[dict]) -> dict[str, Backend]:
     """Each known backend from what the build compiled and the devices listed (dicts of
     retro.Device's fields): available only with a device of it."""
-    from retro._checks import seeded
-
     found: dict[str, list[dict]] = {}
     for d in devices:
         name = _REG_NAMES.get(d["backend"].lower())
@@ -68,7 +68,9 @@ def classify(built: set[str], devices: list[dict]) -> dict[str, Backend]:
             found.setdefault(name, []).append(d)
     out = {}
     for name in KNOWN:
-        if found.get(name) or (seeded("HARNESS-01.absent") and name in built):  # seeded defect: compiled = available
+        if found.get(name) or (
+            registry.seeded("HARNESS-01.absent") and name in built
+        ):  # seeded defect: compiled = available
             out[name] = Backend(name, True, devices=tuple(found.get(name, ())))
         elif name in built:
             why = "no RPC server was given" if name == "rpc" else "no device of it is present"

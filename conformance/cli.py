@@ -144,6 +144,8 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
         done, crashed = _read_log(log)
         cases += done
         skip += [r["nodeid"] for r in done]
+        if crashed is not None and registry.seeded("HARNESS-05"):
+            return cases  # seeded defect: the run ends with the interpreter that died
         if crashed is None:
             if returncode not in (0, 1, 5):
                 raise RuntimeError(f"pytest on backend {name} ended with code {returncode}:\n{output[-4000:]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -98,6 +99,13 @@ def check_switches(compiled: list[str]) -> None:
             "mutants.toml and fault_injection/native/retro-defects.def disagree: "
             f"undescribed {sorted(set(compiled) - described)}, without a switch {sorted(described - set(compiled))}"
         )
+
+
+def seeded(defect: str) -> bool:
+    """The door of the harness's own modules to a seeded-defect switch. A switch can be on only in
+    a process that loaded the binding, so one that merely merges results never loads it here."""
+    native = sys.modules.get("retro._native")
+    return bool(native is not None and native.hooks.defect_on(defect))
 
 
 def unknown_ids(ids: list[str] | tuple[str, ...]) -> list[str]:

@@ -88,16 +88,24 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
 PARTLY_IMPLEMENTED = "passes where implemented"
 
 
+#: the reasons a clause reads "not covered" because no check of it exists yet (or none of them was
+#: selected): the only "not covered" that a JUnit dashboard shows as skipped rather than failed
+NO_CHECK = "no check cites it"
+NO_CHECK_RAN = "no check citing it ran"
+
+
 def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | None = None) -> tuple[str, str]:
     """(status, why) of one clause on backend `name`. It passes when every intact run of a check
     citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
-    those checks, and each of those checks caught at least one defect (a check that can fail)."""
+    those checks, and each of those checks caught a defect of this clause (HARNESS-07: able to fail
+    is judged per clause, not per check). A defect that ran and that no check caught fails the
+    clause, named."""
     if backend["status"] != "available":
         return "not available", backend.get("reason", "")
     citing = [c for c in cases if clause in c["clauses"]]
     intact = [c for c in citing if c["defect"] is None]
     if not intact:
-        return "not covered", "no check cites it"
+        return "not covered", NO_CHECK
     for code in ("crash", "fail"):
         bad = [c for c in intact if c["outcome"] == code]
         if bad:
@@ -108,19 +116,32 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     if not passed:
         if all(c["outcome"] == "not supported" for c in intact):
             return "not supported", intact[0]["message"]
-        return "not covered", "no check citing it ran"
+        return "not covered", NO_CHECK_RAN
     defects = registry.defects_of(clause, name)  # those that can show on this backend
     if not defects:
         return "not covered", "no seeded defect shows its checks able to fail"
-    caught = {c["defect"]: c for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
-    uncaught = [d for d in defects if d not in caught]
-    if uncaught:
-        return "not covered", "seeded defect(s) no check caught: " + ", ".join(uncaught)
-    runs = {c["id"] for c in passed}
-    able = {c["id"] for c in cases if c["defect"] is not None and c["outcome"] == "caught"}
-    unable = sorted(runs - able)
+    runs = {d: [c for c in citing if c["defect"] == d] for d in defects}
+    caught = {
+        d: next(c for c in rs if c["outcome"] == "caught")
+        for d, rs in runs.items()
+        if any(c["outcome"] == "caught" for c in rs)
+    }
+    escaped = [d for d in defects if runs[d] and d not in caught]
+    if escaped:
+        return "fail", "seeded defect(s) escaped every check citing the clause: " + "; ".join(
+            f"{d} ({', '.join(sorted({c['outcome'] for c in runs[d]}))} in {', '.join(sorted({c['id'] for c in runs[d]}))})"
+            for d in escaped
+        )
+    unrun = [d for d in defects if not runs[d]]
+    if unrun:
+        return "not covered", "seeded defect(s) not run: " + ", ".join(unrun)
+    if registry.seeded("HARNESS-07"):  # seeded defect: a check that caught any clause's defect counts as able
+        able = {c["id"] for c in cases if c["defect"] is not None and c["outcome"] == "caught"}
+    else:
+        able = {c["id"] for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
+    unable = sorted({c["id"] for c in passed} - able)
     if unable:
-        return "not covered", "check(s) that caught no seeded defect: " + ", ".join(unable)
+        return "not covered", f"check(s) that caught no seeded defect of {clause}: " + ", ".join(unable)
     how = "; ".join(f"{d} by {c['id']}" for d, c in caught.items())
     missing = registry.clauses()[clause].unimplemented
     if missing:
@@ -231,42 +252,97 @@ def write_all(results: dict, out: Path) -> None:
     (out / "report.md").write_text(report_markdown(results), encoding="utf-8")
 
 
+#: how each result code of a case, and each status of a clause, reads on a JUnit dashboard; a
+#: seeded defect that survived is a failure of the check that let it through
+JUNIT_CASE = {
+    "pass": None,
+    "caught": None,
+    "fail": "failure",
+    "survived": "failure",
+    "crash": "error",
+    "not supported": "skipped",
+    "not available": "skipped",
+    "expected failure": "skipped",
+}
+JUNIT_CLAUSE = {
+    "pass": None,
+    "fail": "failure",
+    "crash": "error",
+    "not covered": "failure",  # skipped only while no check exists (NO_CHECK, NO_CHECK_RAN)
+    "not supported": "skipped",
+    "expected failure": "skipped",
+    "not available": "skipped",
+    "not selected": "skipped",
+}
+
+
+def junit_case_element(outcome: str) -> str | None:
+    if outcome == "survived" and registry.seeded("HARNESS-06"):  # seeded defect: a surviving defect reads skipped
+        return "skipped"
+    return JUNIT_CASE[outcome]
+
+
+def junit_clause_element(status: str, reason: str) -> str | None:
+    if status == "not covered" and reason in (NO_CHECK, NO_CHECK_RAN):
+        return "skipped"
+    return JUNIT_CLAUSE[status]
+
+
+def _junit_suite(
+    root: ET.Element, name: str, rows: list[tuple[str, str, float, str, str, str | None]], props: dict[str, str]
+) -> None:
+    """One testsuite: rows of (classname, name, seconds, result code, message, element)."""
+    kinds = [r[5] for r in rows]
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=name,
+        tests=str(len(rows)),
+        failures=str(kinds.count("failure")),
+        errors=str(kinds.count("error")),
+        skipped=str(kinds.count("skipped")),
+    )
+    p = ET.SubElement(suite, "properties")
+    for k, v in props.items():
+        ET.SubElement(p, "property", name=k, value=v)
+    for classname, label, seconds, code, message, element in rows:
+        tc = ET.SubElement(suite, "testcase", classname=classname, name=label, time=f"{seconds:.6f}")
+        if element == "skipped":
+            ET.SubElement(tc, "skipped", message=f"{code}: {message[:500]}")
+        elif element is not None:
+            ET.SubElement(tc, element, message=f"{code}: {message[:500]}").text = message
+
+
 def write_junit(results: dict, path: Path) -> None:
+    """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit),
+    and `<backend>`, one per case run (each intact check and each seeded-defect run)."""
     root = ET.Element("testsuites", name="retro-conformance")
     for name, b in results["backends"].items():
-        cases = [c for c in results["cases"] if c["backend"] == name]
-        suite = ET.SubElement(
-            root,
-            "testsuite",
-            name=name,
-            tests=str(len(cases)),
-            failures=str(sum(c["outcome"] == "fail" for c in cases)),
-            errors=str(sum(c["outcome"] == "crash" for c in cases)),
-            skipped=str(
-                sum(c["outcome"] in ("not supported", "not available", "expected failure", "survived") for c in cases)
-            ),
-        )
-        props = ET.SubElement(suite, "properties")
-        ET.SubElement(props, "property", name="status", value=b["status"])
-        ET.SubElement(props, "property", name="verdict", value=results["verdict"][name])
+        props = {"status": b["status"], "verdict": results["verdict"][name]}
         if b["status"] != "available":
-            ET.SubElement(props, "property", name="reason", value=b.get("reason", ""))
-        for c in cases:
-            label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
-            tc = ET.SubElement(
-                suite,
-                "testcase",
-                classname=f"{name}.{c['id'].split('::')[0]}",
-                name=label,
-                time=f"{c['duration_s']:.6f}",
+            props["reason"] = b.get("reason", "")
+        clause_rows = []
+        for cid, row in results["clauses"].items():
+            reason = results["clause_details"][cid][name]
+            clause_rows.append(
+                (f"{name}.clauses", cid, 0.0, row[name], reason, junit_clause_element(row[name], reason))
             )
-            ET.SubElement(tc, "properties").append(ET.Element("property", name="clauses", value=" ".join(c["clauses"])))
-            if c["outcome"] == "fail":
-                ET.SubElement(tc, "failure", message=c["message"][:500]).text = c["message"]
-            elif c["outcome"] == "crash":
-                ET.SubElement(tc, "error", message="crash: " + c["message"][:500]).text = c["message"]
-            elif c["outcome"] not in ("pass", "caught"):
-                ET.SubElement(tc, "skipped", message=f"{c['outcome']}: {c['message'][:500]}")
+        _junit_suite(root, f"{name}.clauses", clause_rows, props)
+        case_rows = []
+        for c in (c for c in results["cases"] if c["backend"] == name):
+            label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
+            message = f"{' '.join(c['clauses'])}: {c['message']}"
+            case_rows.append(
+                (
+                    f"{name}.{c['id'].split('::')[0]}",
+                    label,
+                    c["duration_s"],
+                    c["outcome"],
+                    message,
+                    junit_case_element(c["outcome"]),
+                )
+            )
+        _junit_suite(root, name, case_rows, props)
     ET.indent(root)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 

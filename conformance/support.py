@@ -13,10 +13,10 @@ import gguf
 import numpy as np
 
 import retro
-from retro._checks import seeded
 from retro._threads import default_threads
 from retro.testing import TinyLlamaSpec, write_tiny_llama
 
+from . import registry
 from .backends import Backend
 
 # relative and absolute tolerance for non-CPU backends, whose kernels may reorder float sums
@@ -39,7 +39,7 @@ def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: in
     """The model on the backend under test: every layer by default, `gpu_layers` of them when
     given (0: the backend's devices present, the weights on the CPU); the CPU alone for "cpu"."""
     offload = backend.offload_devices
-    if seeded("HARNESS-01"):
+    if registry.seeded("HARNESS-01"):
         offload = []  # seeded defect: the backend under test silently falls back to the CPU
     return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
@@ -62,6 +62,12 @@ def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenD
     """Random next-token windows: a stream of n_windows * width + 1 tokens, cut without overlap."""
     stream = np.random.default_rng(seed).integers(0, n_vocab, size=n_windows * width + 1)
     return retro.TokenDataset.from_tokens(stream, width=width)
+
+
+def every_micro_batch(n: int) -> range:
+    """1..n: the points of a sweep over an epoch of n micro-batches, each one, never a sample
+    (HARNESS-03)."""
+    return range(1, n if registry.seeded("HARNESS-03") else n + 1)  # seeded defect: the last one left out
 
 
 def subset(ds: retro.TokenDataset, rows: slice) -> retro.TokenDataset:

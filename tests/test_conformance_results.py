@@ -39,10 +39,12 @@ def test_a_clause_passes_only_when_each_of_its_defects_was_caught():
     assert results.clause_status("BASE-01", AVAILABLE, ok)[0] == "pass"
     assert results.clause_status("BASE-01", AVAILABLE, ok[:1]) == (
         "not covered",
-        "seeded defect(s) no check caught: BASE-01, BASE-01.eval-period",
+        "seeded defect(s) not run: BASE-01, BASE-01.eval-period",
     )
+    # a defect that ran and that no check caught fails the clause, named (HARNESS-07)
     one_survived = [*ok[:2], case("a", ["BASE-01"], "survived", defect="BASE-01.eval-period")]
-    assert results.clause_status("BASE-01", AVAILABLE, one_survived)[1].endswith("BASE-01.eval-period")
+    status, why = results.clause_status("BASE-01", AVAILABLE, one_survived)
+    assert status == "fail" and why.endswith("BASE-01.eval-period (survived in a)")
     # another check citing the clause may catch the defect this one missed
     other = [case("b", ["BASE-01"], "pass"), case("b", ["BASE-01"], "caught", defect="BASE-01.eval-period")]
     assert results.clause_status("BASE-01", AVAILABLE, one_survived + other)[0] == "pass"
@@ -55,7 +57,13 @@ def test_a_check_that_caught_nothing_leaves_its_clause_unproven():
     cs = [*proven("a", "BASE-02"), case("b", ["BASE-02"], "pass"), case("b", ["BASE-02"], "survived", defect="BASE-02")]
     assert results.clause_status("BASE-02", AVAILABLE, cs) == (
         "not covered",
-        "check(s) that caught no seeded defect: b",
+        "check(s) that caught no seeded defect of BASE-02: b",
+    )
+    # able to fail is per clause: catching another clause's defect proves nothing for this one
+    both = [case("b", ["BASE-02", "BASE-03"], "pass"), case("b", ["BASE-02", "BASE-03"], "caught", defect="BASE-03")]
+    assert results.clause_status("BASE-02", AVAILABLE, [*proven("a", "BASE-02"), *both]) == (
+        "not covered",
+        "check(s) that caught no seeded defect of BASE-02: b",
     )
 
 
@@ -148,8 +156,14 @@ def test_outputs_are_well_formed(tmp_path):
     results.write_all(res, tmp_path)
     loaded = json.loads((tmp_path / "results.json").read_text())
     results.verify(loaded)
-    suites = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")
-    cpu = next(s for s in suites if s.get("name") == "cpu")
+    suites = {s.get("name"): s for s in ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")}
+    cpu = suites["cpu"]
     assert (cpu.get("tests"), cpu.get("failures"), cpu.get("errors"), cpu.get("skipped")) == ("4", "1", "1", "1")
+    # one test case per clause: BASE-01 failed, the others are outside the selection (skipped)
+    clauses = suites["cpu.clauses"]
+    assert int(clauses.get("tests")) == len(registry.clauses())
+    assert (clauses.get("failures"), clauses.get("errors")) == ("1", "0")
+    assert clauses.find("testcase[@name='BASE-01']/failure") is not None
+    assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()))
     report = (tmp_path / "report.md").read_text()
     assert "| cpu | available | **not certified** |" in report and "### cpu: b (fail)" in report

@@ -81,7 +81,9 @@ def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, see
         support.assert_params_equal(with_eval, without, backend, "trained with an eval tail vs without")
 
 
-@pytest.mark.clause("BASE-01", "BASE-02")
+# not BASE-01: upstream's loop runs on the same patched library, so a missing accumulator reset
+# moves both loops alike and this comparison cannot see it (the checks above can)
+@pytest.mark.clause("BASE-02")
 @pytest.mark.parametrize("n_ubatch, accumulation", [(64, 4), (256, 1), (64, 2)])
 def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch, accumulation):
     """The oracle: retro's loop and upstream's llama_opt_epoch, on the same library, data and
@@ -105,7 +107,7 @@ def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch,
                 )
             )
     (ours, our_losses, our_steps), (theirs, their_losses, their_steps) = runs
-    expect("BASE-01", our_steps == their_steps, f"{our_steps} optimizer steps, upstream took {their_steps}")
+    expect("BASE-02", our_steps == their_steps, f"{our_steps} optimizer steps, upstream took {their_steps}")
     with bound("BASE-02"):
         support.assert_params_equal(ours, theirs, backend, "retro's loop vs upstream's llama_opt_epoch")
     with bound("BASE-02"):

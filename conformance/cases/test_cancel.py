@@ -26,20 +26,26 @@ def _stop_at(k: int, seen: list[retro.Progress], *, train: bool = True):
     return progress
 
 
-@pytest.mark.clause("CANCEL-02", "CANCEL-05", "CANCEL-06")
+@pytest.mark.clause("CANCEL-02", "CANCEL-05", "CANCEL-06", "HARNESS-03")
 @pytest.mark.parametrize("optimizer, accumulation", [("sgd", 1), ("adamw", 3)])
 def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path, seed, optimizer, accumulation):
     """Cancelling at train micro-batch k, for every k of the epoch: exactly k computes ran (counted
     at the fork's compute site), the evaluation tail was skipped (no eval callback, no eval
     metrics), and the metrics count the k micro-batches, their optimizer steps and tokens, with
     epoch_complete = False. Cancelling at evaluation micro-batch j: the training and exactly j
-    evaluation micro-batches ran."""
+    evaluation micro-batches ran. The points swept are every micro-batch that an uncancelled epoch
+    reports through its progress callback (HARNESS-03)."""
     n_train, n_eval = WINDOWS_TRAIN * PER_WINDOW, WINDOWS_EVAL * PER_WINDOW
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
         ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, 256, model.n_vocab, seed + 10)
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
+        whole: list[retro.Progress] = []  # the micro-batches an uncancelled epoch reports
         with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
-            for k in range(1, n_train + 1):
+            tr.epoch(ds, val_fraction=frac, progress=lambda p: whole.append(p) or True)
+        with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
+            swept: list[tuple[bool, int]] = []
+            for k in support.every_micro_batch(n_train):
+                swept.append((True, k))
                 seen: list[retro.Progress] = []
                 fi.reset()
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(k, seen))
@@ -61,7 +67,8 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                     f"cancel at {k}: {m.logical_tokens}/{m.physical_tokens} tokens reported",
                 )
                 expect("CANCEL-06", m.epoch_complete is False, f"cancel at {k}: epoch_complete")
-            for j in range(1, n_eval + 1):
+            for j in support.every_micro_batch(n_eval):
+                swept.append((False, j))
                 fi.reset()
                 m = tr.epoch(ds, val_fraction=frac, progress=_stop_at(j, [], train=False))
                 expect(
@@ -82,6 +89,11 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                     m.eval_loss is not None and m.epoch_complete is (j == n_eval),
                     f"cancel at eval {j}: {m}",
                 )
+            expect(
+                "HARNESS-03",
+                swept == [(p.train, p.done) for p in whole],
+                f"cancelled at {swept}, but an uncancelled epoch reported {[(p.train, p.done) for p in whole]}",
+            )
 
 
 @pytest.mark.clause("CANCEL-03")

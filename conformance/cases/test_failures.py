@@ -330,3 +330,82 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             fresh.epoch(then)
             with bound("FAIL-08"):
                 support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")
+
+
+#: the reference epoch of the sweep: 4 micro-batches of 64 tokens, accumulation 2, the fused head
+#: (whose support question is a site of its own); every site is passed once per micro-batch
+SWEEP_UBATCH, SWEEP_ACCUMULATION = 64, 2
+
+
+@pytest.mark.clause("HARNESS-02")
+@pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
+def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path, seed, persistent):
+    """SQLite-style: for every fault site and every hit k that a clean reference epoch makes of it,
+    an epoch armed at (site, k) fails in the micro-batch where the clean epoch passed the site for
+    the k-th time (seen through its progress callbacks, not the hooks' own counters), with that
+    site's error class and the state the contract leaves: after a before-compute failure the trainer
+    is usable and the open period dropped (FAIL-04), after a compute failure it is poisoned
+    (FAIL-07). Armed persistently, the next call fails at the same site again. The sweep ends
+    exactly at the site's last hit: armed one past it, the epoch completes."""
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=SWEEP_UBATCH) as ctx:
+        ds = support.windows(1, 256, model.n_vocab, seed + 30)
+
+        def trainer() -> retro.Trainer:
+            return retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=SWEEP_ACCUMULATION, head="fused")
+
+        # the clean epoch: how many times each site had been passed when each micro-batch ended
+        passed: list[dict[str, int]] = []
+        fi.reset()
+        with trainer() as tr:
+            tr.epoch(ds, progress=lambda p: passed.append({s: fi.hits(s) for s in fi.SITES}) or True)
+        totals = {s: fi.hits(s) for s in fi.SITES}
+        fi.reset()
+        for site in fi.SITES:
+            cls, _ = SITES[site]
+            completed: list[int] = []  # micro-batches completed before each injection failed
+
+            def check(inj: fi.Injection) -> None:
+                k, done = inj.hit, completed[-1]
+                expected = sum(1 for p in passed if p[site] < k)
+                expect(
+                    "HARNESS-02",
+                    type(inj.error) is cls,
+                    f"{site} hit {k}: raised {type(inj.error).__name__}, expected {cls.__name__}",
+                )
+                expect(
+                    "HARNESS-02",
+                    done == expected,
+                    f"{site} hit {k}: failed after {done} micro-batches; the clean epoch passed the site "
+                    f"for the {k}th time in micro-batch {expected + 1}",
+                )
+
+            # each run builds its own trainer (sweep's rule), and the state it is left in is looked at there
+            def epoch_and_state() -> None:
+                done: list[retro.Progress] = []
+                ctx.reset()
+                with trainer() as tr:
+                    try:
+                        tr.epoch(ds, progress=lambda p: done.append(p) or True)
+                    except retro.RetroError:
+                        completed.append(len(done))
+                        if site == "compute":
+                            expect("HARNESS-02", tr.poisoned, f"{site}: a compute failure left the trainer usable")
+                        else:
+                            expect(
+                                "HARNESS-02",
+                                not tr.poisoned and tr.period_position == 0,
+                                f"{site}: poisoned={tr.poisoned}, period position {tr.period_position} after the failure",
+                            )
+                            if persistent:
+                                with bound("HARNESS-02"), pytest.raises(cls):
+                                    tr.epoch(ds)
+                        raise
+
+            result = fi.sweep(epoch_and_state, site, persistent=persistent, check=check)
+            expect(
+                "HARNESS-02",
+                [i.hit for i in result.injections] == list(range(1, totals[site] + 1))
+                and result.completed_after == totals[site],
+                f"{site}: the sweep failed hits {[i.hit for i in result.injections]} and completed after "
+                f"{result.completed_after}; the clean epoch passed the site {totals[site]} times",
+            )

@@ -1,0 +1,210 @@
+"""The harness itself (HARNESS-05, -06, -07): a certification of the canaries (canaries/), cases
+that end with one known result code each (one kills its interpreter, one hangs), run by the same
+runner as every certification, and its records and outputs held to what each canary does. The
+canary run certifies the CPU whatever the backend under test: what is proven is the harness.
+(HARNESS-02 and -03 are proven beside the sweeps they describe: test_failures.py, test_cancel.py.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from retro.conformance import cli, registry, results
+from retro.conformance.evidence import bound, expect
+
+CANARIES = Path(cli.__file__).parent / "canaries"
+CANARY = "test_canaries.py::"
+HANG_TIMEOUT_S = 3.0
+#: the clauses the canaries cite, and one no check cites (its JUnit case must read skipped)
+SELECTED = ["HARNESS-03", "HARNESS-05", "HARNESS-06", "HARNESS-07", "BASE-01"]
+BUILD = {"retro": "canary", "llama_cpp": "canary", "patch_series_sha256": "canary"}
+#: what each canary variant must end as: (canary, defect) -> result code
+EXPECTED = {
+    ("test_kills_its_interpreter", None): "crash",
+    ("test_kills_its_interpreter", "HARNESS-05"): "survived",
+    ("test_hangs", None): "crash",
+    ("test_hangs", "HARNESS-05"): "survived",
+    ("test_runs_after_them", None): "pass",
+    ("test_runs_after_them", "HARNESS-05"): "caught",
+    ("test_passes", None): "pass",
+    ("test_passes", "HARNESS-06"): "caught",
+    ("test_fails", None): "fail",
+    ("test_fails", "HARNESS-06"): "caught",
+    ("test_fails_as_expected", None): "expected failure",
+    ("test_fails_as_expected", "HARNESS-06"): "caught",
+    ("test_is_not_supported", None): "not supported",
+    ("test_is_not_supported", "HARNESS-06"): "not supported",
+    ("test_is_blind_to_its_defect", None): "pass",
+    ("test_is_blind_to_its_defect", "HARNESS-07"): "survived",
+    ("test_catches_its_defect", None): "pass",
+    ("test_catches_its_defect", "HARNESS-03"): "caught",
+    ("test_catches_only_another_clauses_defect", None): "pass",
+    ("test_catches_only_another_clauses_defect", "HARNESS-03"): "survived",
+    ("test_catches_only_another_clauses_defect", "HARNESS-06"): "caught",
+}
+#: how a JUnit dashboard must show each result code: written here, not read from results.py
+JUNIT = {
+    "pass": None,
+    "caught": None,
+    "fail": "failure",
+    "survived": "failure",
+    "crash": "error",
+    "not supported": "skipped",
+    "expected failure": "skipped",
+}
+
+_records: list[dict] = []  # the canary run of this interpreter, shared by the checks that only read it
+
+
+def canary_run(workdir: Path) -> list[dict]:
+    """Certify the canaries on the CPU with the runner every certification uses."""
+    args = argparse.Namespace(
+        cases=CANARIES,
+        clauses=None,
+        no_defects=False,
+        exitfirst=False,
+        keyword=None,
+        seed=0,
+        case_timeout=HANG_TIMEOUT_S,
+        progress=False,
+        verbose=False,
+    )
+    workdir.mkdir(parents=True, exist_ok=True)
+    return cli.run_backend("cpu", args, workdir, {})
+
+
+def shared_run(tmp_path: Path) -> list[dict]:
+    if not _records:
+        _records.extend(canary_run(tmp_path / "canaries"))
+    return [dict(r) for r in _records]
+
+
+def package(records: list[dict], start: str = "canary") -> dict:
+    backends = {"cpu": {"status": "available", "reason": ""}}
+    expectations = {"cpu": results.load_expectations("cpu", CANARIES / "expectations")}
+    return results.aggregate({"start_time": start, **BUILD}, backends, records, SELECTED, expectations)
+
+
+def outcomes(records: list[dict]) -> dict[tuple[str, str | None], str]:
+    return {
+        (r["id"].removeprefix(CANARY), r["defect"]): r["outcome"]
+        for r in results.apply_expectations(
+            records, {"cpu": results.load_expectations("cpu", CANARIES / "expectations")}
+        )
+    }
+
+
+@pytest.mark.clause("HARNESS-05")
+def test_a_crash_and_a_hang_are_recorded_and_the_run_goes_on(backend, tmp_path):
+    """One canary kills its interpreter (abort), one hangs past the case timeout: each reads
+    crash, with what happened, and every canary after them ran, each once."""
+    records = canary_run(tmp_path)
+    got = outcomes(records)
+    expect(
+        "HARNESS-05",
+        sorted(got, key=str) == sorted(EXPECTED, key=str) and len(records) == len(EXPECTED),
+        f"the run recorded {sorted(got, key=str)} ({len(records)} records), expected each of {len(EXPECTED)} canary runs once",
+    )
+    by_case = {(r["id"].removeprefix(CANARY), r["defect"]): r for r in records}
+    killed, hung = by_case.get(("test_kills_its_interpreter", None)), by_case.get(("test_hangs", None))
+    expect(
+        "HARNESS-05",
+        killed is not None and killed["outcome"] == "crash" and "interpreter died" in killed["message"],
+        f"the canary that aborts its interpreter reads {killed}",
+    )
+    expect(
+        "HARNESS-05",
+        hung is not None and hung["outcome"] == "crash" and f"ran over {HANG_TIMEOUT_S:g} s" in hung["message"],
+        f"the canary that hangs reads {hung}",
+    )
+    after = by_case.get(("test_runs_after_them", None))
+    expect("HARNESS-05", after is not None and after["outcome"] == "pass", f"the canary after them reads {after}")
+
+
+@pytest.mark.clause("HARNESS-06")
+def test_the_outputs_carry_every_result_code_and_shards_merge_into_one_run(backend, tmp_path):
+    """The canary run's results.json validates against the published schema and its digest; every
+    result code is in it; junit.xml carries each case run with the element its code calls for (a
+    surviving defect is a failure) and each clause as a case of its own (an escaped defect a
+    failure that names it, a clause no check cites skipped); report.md gives the verdict and each
+    failure; and the run cut into two shards merges into the package of the whole run."""
+    records = shared_run(tmp_path)
+    whole = package(records)
+    out = tmp_path / "out"
+    results.write_all(whole, out)
+    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    schema = json.loads((Path(results.__file__).parent / "results.schema.json").read_text(encoding="utf-8"))
+    with bound("HARNESS-06"):
+        jsonschema.validate(written, schema)
+        results.verify(written)
+    codes = {c["outcome"] for c in written["cases"]}
+    expect("HARNESS-06", set(JUNIT) <= codes, f"result codes {sorted(codes)} lack {sorted(set(JUNIT) - codes)}")
+
+    root = ET.parse(out / "junit.xml").getroot()
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    expect("HARNESS-06", {"cpu", "cpu.clauses"} <= set(suites), f"junit.xml suites {sorted(suites)}")
+
+    def element(tc: ET.Element) -> str | None:
+        kinds = [e.tag for e in tc if e.tag in ("failure", "error", "skipped")]
+        return kinds[0] if kinds else None
+
+    runs = {tc.get("name"): element(tc) for tc in suites.get("cpu", ET.Element("x")).findall("testcase")}
+    for c in written["cases"]:
+        label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
+        expect(
+            "HARNESS-06",
+            label in runs and runs[label] == JUNIT[c["outcome"]],
+            f"junit.xml shows {label} ({c['outcome']}) as {runs.get(label, 'missing')}, expected {JUNIT[c['outcome']]}",
+        )
+    clauses = {tc.get("name"): tc for tc in suites.get("cpu.clauses", ET.Element("x")).findall("testcase")}
+    expect("HARNESS-06", set(clauses) == set(registry.clauses()), "junit.xml lacks a test case per clause")
+    escaped = clauses.get("HARNESS-07")
+    expect(
+        "HARNESS-06",
+        escaped is not None and element(escaped) == "failure" and "HARNESS-07" in escaped[0].get("message", ""),
+        "a clause whose defect escaped is not a failure naming the defect in junit.xml",
+    )
+    expect("HARNESS-06", element(clauses["HARNESS-05"]) == "error", "a crashed clause is not an error in junit.xml")
+    expect("HARNESS-06", element(clauses["BASE-01"]) == "skipped", "a clause no check cites is not skipped")
+    expect("HARNESS-06", element(clauses["TOPO-01"]) == "skipped", "a clause outside the selection is not skipped")
+
+    report = (out / "report.md").read_text(encoding="utf-8")
+    expect(
+        "HARNESS-06",
+        "| cpu | available | **not certified** |" in report and f"### cpu: {CANARY}test_fails (fail)" in report,
+        "report.md lacks the verdict or a failure",
+    )
+
+    first = {CANARY + n for n in ("test_kills_its_interpreter", "test_hangs", "test_runs_after_them")}
+    shards = [
+        package([r for r in records if r["id"] in first], "1"),
+        package([r for r in records if r["id"] not in first], "2"),
+    ]
+    merged = results.merge(shards)
+    for key in ("selected", "clauses", "clause_details", "cases", "verdict"):
+        expect("HARNESS-06", merged[key] == whole[key], f"two merged shards differ from the whole run in {key}")
+
+
+@pytest.mark.clause("HARNESS-07")
+def test_ability_to_fail_is_judged_per_clause_from_the_defect_runs(backend, tmp_path):
+    """A clause whose defect no check caught fails, naming the defect; a check that caught only
+    another clause's defect proves nothing for this one (the clause is not passed), even where
+    another of its checks caught its defect."""
+    whole = package(shared_run(tmp_path))
+    status, why = whole["clauses"]["HARNESS-07"]["cpu"], whole["clause_details"]["HARNESS-07"]["cpu"]
+    expect(
+        "HARNESS-07",
+        status == "fail" and "HARNESS-07" in why and "test_is_blind_to_its_defect" in why,
+        f"a clause whose defect escaped reads {status}: {why}",
+    )
+    status, why = whole["clauses"]["HARNESS-03"]["cpu"], whole["clause_details"]["HARNESS-03"]["cpu"]
+    expect(
+        "HARNESS-07",
+        status != "pass" and "test_catches_only_another_clauses_defect" in why,
+        f"a clause with a check unable to fail for it reads {status}: {why}",
+    )
