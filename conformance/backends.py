@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from . import registry
 
-KNOWN = ("cpu", "rpc", "cuda", "vulkan", "metal")
+KNOWN = ("cpu", "rpc", "cuda", "vulkan")  # the backends this project builds (CMakeLists.txt)
 # ggml backend registry names, lowercased, to our names
-_REG_NAMES = {"cpu": "cpu", "rpc": "rpc", "cuda": "cuda", "vulkan": "vulkan", "metal": "metal", "mtl": "metal"}
+_REG_NAMES = {"cpu": "cpu", "rpc": "rpc", "cuda": "cuda", "vulkan": "vulkan"}
 #: comma-separated host:port of the RPC servers a certification child connects to
 RPC_SERVERS_ENV = "RETRO_CONFORMANCE_RPC_SERVERS"
 

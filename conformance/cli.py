@@ -1,19 +1,21 @@
 """retro-conformance: certify the contracts on the backends of this machine, merge shards.
 
-  retro-conformance certify [--backend cpu|rpc|cuda|vulkan|metal|all] [--out DIR] [--clauses PREFIXES]
+  retro-conformance certify [--backend cpu|rpc|cuda|vulkan|all] [--out DIR] [--clauses PREFIXES]
   retro-conformance merge SHARD_DIR... --out DIR
   retro-conformance verify DIR
   retro-conformance gate topology-cache DIR [--target cpu,vulkan]
+  retro-conformance diff OLD_DIR NEW_DIR [--markdown FILE]
   retro-conformance clauses
 
 certify exits 0 when every requested backend that is available is certified, 1 when one is not
 (or none is available), 2 on an error of the harness itself. gate exits 0 when the gate enables,
-1 when it refuses.
+1 when it refuses. diff exits 1 when a clause or case regressed from OLD to NEW.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime as dt
 import json
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import backends as backends_mod
@@ -92,52 +95,86 @@ def _run_watched(
         return proc.returncode, out.read(), timed_out
 
 
-def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: dict[str, str]) -> list[dict]:
-    """Run every selected case on one backend in child interpreters. A case that kills its
-    interpreter, or hangs past --case-timeout, is recorded as a crash and the run goes on with
-    the cases after it (HARNESS-05)."""
-    log = workdir / f"{name}.jsonl"
+def _pytest_command(name: str, args: argparse.Namespace) -> list[str]:
+    """The child pytest of a certification on backend `name`: its own plugins and settings."""
+    cmd = [
+        sys.executable,
+        # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its children so
+        *(["-S"] if sys.flags.no_site else []),
+        "-m",
+        "pytest",
+        str(args.cases),
+        "-c",
+        str(INI),
+        "--rootdir",
+        str(args.cases.parent),
+        "-q",
+        "--no-header",
+        "--import-mode=importlib",
+        "-p",
+        "retro.conformance.plugin",
+        "-p",
+        "_hypothesis_pytestplugin",
+        f"--backend={name}",
+        f"--retro-seed={args.seed}",
+    ]
+    if args.clauses:
+        cmd.append(f"--clauses={args.clauses}")
+    if args.no_defects:
+        cmd.append("--no-defects")
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    return cmd
+
+
+def _child_env(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, str]:
+    # a certification run loads exactly its own plugins and settings, whatever pytest session
+    # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(extra_env, PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    threads = getattr(args, "threads", None)
+    if threads:
+        env["RETRO_THREADS"] = str(threads)  # the same for every check at any -j: results do not move
+    return env
+
+
+def collect(name: str, args: argparse.Namespace, workdir: Path, extra_env: dict[str, str]) -> list[str]:
+    """The node ids of every case a run on backend `name` would run, in pytest's order."""
+    cmd = [*_pytest_command(name, args), "--collect-only"]  # -q is in the command: one node id a line
+    proc = subprocess.run(cmd, cwd=workdir, env=_child_env(args, extra_env), capture_output=True, text=True)
+    if proc.returncode not in (0, 5):
+        raise RuntimeError(f"collecting the cases of backend {name} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def run_backend(
+    name: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    extra_env: dict[str, str],
+    nodeids: list[str] | None = None,
+    tag: str = "",
+) -> list[dict]:
+    """Run the selected cases on one backend (those of `nodeids` only, when given) in child
+    interpreters. A case that kills its interpreter, or hangs past --case-timeout, is recorded as
+    a crash and the run goes on with the cases after it (HARNESS-05)."""
+    log = workdir / f"{name}{tag}.jsonl"
+    only = workdir / f"{name}{tag}.cases"
+    if nodeids is not None:
+        only.write_text("\n".join(nodeids) + "\n", encoding="utf-8")
     cases: list[dict] = []
     skip: list[str] = []
     for _ in range(MAX_RESTARTS):
         log.unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its children so
-            *(["-S"] if sys.flags.no_site else []),
-            "-m",
-            "pytest",
-            str(args.cases),
-            "-c",
-            str(INI),
-            "--rootdir",
-            str(args.cases.parent),
-            "-q",
-            "--no-header",
-            "--import-mode=importlib",
-            "-p",
-            "retro.conformance.plugin",
-            "-p",
-            "_hypothesis_pytestplugin",
-            f"--backend={name}",
-            f"--results-log={log}",
-            f"--retro-seed={args.seed}",
-        ]
-        if args.clauses:
-            cmd.append(f"--clauses={args.clauses}")
-        if args.no_defects:
-            cmd.append("--no-defects")
+        cmd = [*_pytest_command(name, args), f"--results-log={log}"]
+        if nodeids is not None:
+            cmd.append(f"--only-cases={only}")
         if args.exitfirst:
             cmd.append("--exitfirst")
-        if args.keyword:
-            cmd += ["-k", args.keyword]
         cmd += [f"--deselect={n}" for n in skip]
-        # a certification run loads exactly its own plugins and settings, whatever pytest session
-        # (xdist worker, PYTEST_ADDOPTS, third-party plugins) it was started from
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-        env.update(extra_env, PYTHONFAULTHANDLER="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        env = _child_env(args, extra_env)
         returncode, output, timed_out = _run_watched(
-            cmd, workdir, env, log, args.case_timeout, progress=name if args.progress else None
+            cmd, workdir, env, log, args.case_timeout, progress=name + tag if args.progress else None
         )
         if args.verbose:
             sys.stdout.write(output)
@@ -178,7 +215,7 @@ def run_backend(name: str, args: argparse.Namespace, workdir: Path, extra_env: d
     cases.append(
         {
             "event": "result",
-            "nodeid": f"{name}::restart-budget",
+            "nodeid": f"{name}{tag}::restart-budget",
             "id": "restart budget",
             "clauses": registry.select(args.clauses.split(",") if args.clauses else None),
             "backend": name,
@@ -228,27 +265,29 @@ def certify(args: argparse.Namespace) -> int:
     if not clause_ids:
         raise ValueError(f"no clause matches {args.clauses!r}")
     run = run_info(args)
-    cases: list[dict] = []
+    jobs = 1 if args.exitfirst else max(1, args.jobs)  # -x stops at the first failure: one at a time
     with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="retro-conformance-"))
-        env = {}
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="retro-conformance-")))
+        servers: list[str] = []
         if "rpc" in requested and "rpc" in run["built_backends"]:
-            # the RPC backend's device: a server on 127.0.0.1 for the whole run, serving its CPU
-            from retro._threads import default_threads
+            # the RPC backend's devices: servers on 127.0.0.1 for the whole run, serving their CPU,
+            # one per worker (a server serves one client at a time)
             from retro.rpc import Server
 
-            server = stack.enter_context(Server(threads=default_threads()[0]))
-            env[backends_mod.RPC_SERVERS_ENV] = server.endpoint
-        found = backends_mod.discover_isolated({**os.environ, **env})
+            servers = [stack.enter_context(Server(threads=args.threads)).endpoint for _ in range(jobs)]
+
+        def env_of(name: str, worker: int) -> dict[str, str]:
+            return {backends_mod.RPC_SERVERS_ENV: servers[worker]} if name == "rpc" and servers else {}
+
+        found = backends_mod.discover_isolated({**os.environ, **env_of("rpc", 0)})
+        runnable = []
         for name in requested:
-            b = found[name]
-            if args.exitfirst and any(c["outcome"] in FAILED for c in cases):
-                print(f"{name}: not run (--exitfirst: a check has failed)", flush=True)
-            elif b.available:
-                print(f"certifying {name}: {b.description}", flush=True)
-                cases += run_backend(name, args, Path(tmp), env if name == "rpc" else {})
+            if found[name].available:
+                print(f"certifying {name}: {found[name].description}", flush=True)
+                runnable.append(name)
             else:
-                print(f"{name}: not available ({b.reason})", flush=True)
+                print(f"{name}: not available ({found[name].reason})", flush=True)
+        cases = _run_all(runnable, args, tmp, env_of, jobs)
     expectations = {n: results.load_expectations(n) for n in requested}
     if not (args.clauses or args.keyword or args.exitfirst):  # only a full run can tell an entry is stale
         for n in requested:
@@ -260,6 +299,31 @@ def certify(args: argparse.Namespace) -> int:
     res = results.aggregate(run, {n: found[n].to_json() for n in requested}, cases, clause_ids, expectations)
     results.write_all(res, args.out)
     return _summarize(res, args.out, args.gate)
+
+
+def _run_all(
+    names: list[str], args: argparse.Namespace, tmp: Path, env_of: Callable[[str, int], dict[str, str]], jobs: int
+) -> list[dict]:
+    """Every case of every backend: one backend after another in one interpreter at a time (-j 1),
+    or each backend's cases dealt round-robin to `jobs` workers, run side by side with those of
+    the other backends. The case records are the same either way; only their order differs."""
+    cases: list[dict] = []
+    if jobs == 1:
+        for name in names:
+            if args.exitfirst and any(c["outcome"] in FAILED for c in cases):
+                print(f"{name}: not run (--exitfirst: a check has failed)", flush=True)
+                continue
+            cases += run_backend(name, args, tmp, env_of(name, 0))
+        return cases
+    tasks = []
+    for name in names:
+        ids = collect(name, args, tmp, env_of(name, 0))
+        tasks += [(name, w, ids[w::jobs]) for w in range(jobs) if ids[w::jobs]]
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        runs = [pool.submit(run_backend, name, args, tmp, env_of(name, w), part, f"-{w}") for name, w, part in tasks]
+        for run in runs:
+            cases += run.result()
+    return cases
 
 
 #: what a clause some check cites may read under --gate covered: a clause no check cites yet, or
@@ -275,7 +339,7 @@ def _summarize(res: dict, out: Path, gate: str = "certified") -> int:
         print(f"{name}: {verdict} ({counts})")
     for decision in res.get("gates", {}).values():
         print("\n".join(gates.summary(decision)))
-    print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}")
+    print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}, {out / 'report.html'}")
     available = [n for n, v in res["verdict"].items() if v != "not available"]
     if not available:
         print("no requested backend is available: nothing was certified", file=sys.stderr)
@@ -322,6 +386,19 @@ def decide_gate(args: argparse.Namespace) -> int:
     return 0 if decision["decision"] == "enable" else 1
 
 
+def diff_packages(args: argparse.Namespace) -> int:
+    """What changed from one results package to another; exit 1 on a regression."""
+    from . import diff
+
+    old, new = (json.loads((Path(d) / "results.json").read_text(encoding="utf-8")) for d in (args.old, args.new))
+    d = diff.compare(old, new)
+    print("\n".join(diff.summary(d, limit=None if args.verbose else 20)))
+    if args.markdown:
+        args.markdown.write_text(diff.markdown(d, args.old, args.new), encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    return 1 if d.regressed else 0
+
+
 def list_clauses(args: argparse.Namespace) -> int:
     for c in registry.clauses().values():
         defects = registry.defects_of(c.id)
@@ -336,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
-    c.add_argument("--backend", default="cpu", help="cpu (default), rpc, cuda, vulkan, metal or all; comma-separated")
+    c.add_argument("--backend", default="cpu", help="cpu (default), rpc, cuda, vulkan or all; comma-separated")
     c.add_argument("--out", type=Path, default=Path("conformance-results"))
     c.add_argument(
         "--clauses",
@@ -360,6 +437,19 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: Path(text).resolve(),  # pytest runs elsewhere: a relative path must not move
         default=CASES_DIR,
         help="folder of conformance checks (default: the built-in suite)",
+    )
+    c.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="child interpreters run side by side (default: the cores this process may use)",
+    )
+    c.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads of every check and RPC server (default 1); fixed, so that -j changes no result",
     )
     c.add_argument(
         "--case-timeout",
@@ -388,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("dir", help="a results folder (one shard, or merged shards)")
     g.add_argument("--target", default=None, help="backends to decide for, comma-separated (default: the package's)")
     g.set_defaults(func=decide_gate)
+    df = sub.add_parser("diff", help="what changed between two results packages (exit 1 on a regression)")
+    df.add_argument("old", help="the earlier results folder (the last release's)")
+    df.add_argument("new", help="the later results folder")
+    df.add_argument("--markdown", type=Path, default=None, help="also write the diff as a markdown section here")
+    df.add_argument("-v", "--verbose", action="store_true", help="list every change, not the first 20 of each kind")
+    df.set_defaults(func=diff_packages)
     cl = sub.add_parser("clauses", help="list the clause registry")
     cl.set_defaults(func=list_clauses)
     args = ap.parse_args(argv)

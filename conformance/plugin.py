@@ -68,7 +68,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--backend",
         default=None,
-        help="backends to certify: cpu (default), rpc, cuda, vulkan, metal, all; comma-separated",
+        help="backends to certify: cpu (default), rpc, cuda, vulkan, all; comma-separated",
     )
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
@@ -76,6 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--clauses", default=None, help="run only checks citing a clause with one of these comma-separated prefixes"
     )
+    g.addoption("--only-cases", default=None, help="run only the node ids listed in this file (one per line)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -128,6 +129,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+    listed = config.getoption("--only-cases")
+    if listed:
+        wanted_ids = set(Path(listed).read_text(encoding="utf-8").splitlines())
+        dropped = [i for i in items if i.nodeid not in wanted_ids]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i.nodeid in wanted_ids]
     if any(i.get_closest_marker("clause") for i in items):
         discovered(config)  # load the binding now, not inside the first case's time budget
     for item in items:

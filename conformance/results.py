@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from . import gate, registry
+from . import gate, html, registry
 
 SCHEMA = 2
 #: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
@@ -159,7 +159,8 @@ def aggregate(
 ) -> dict:
     """Every clause of the registry gets a status per backend; the verdict counts the selected ones
     (the others read "not selected")."""
-    cases = apply_expectations(cases, expectations or {})
+    # one order whatever the order the cases ran in (-j): the statuses and the digest follow it
+    cases = sorted(apply_expectations(cases, expectations or {}), key=_case_key)
     chosen = set(selected)
     clauses: dict[str, dict[str, str]] = {}
     why: dict[str, dict[str, str]] = {}
@@ -188,11 +189,36 @@ def aggregate(
         "backends": backends,
         "clauses": clauses,
         "clause_details": why,
-        "cases": sorted(cases, key=lambda c: (c["backend"], c["id"], c["defect"] or "")),
+        "cases": cases,
         "verdict": verdict,
     }
     out["gates"] = {gate.NAME: gate.decide(out)}
     out["digest"] = digest(out)
+    return out
+
+
+def _case_key(c: dict) -> tuple[str, str, str, str]:
+    return (c["backend"], c["id"], c["defect"] or "", c.get("nodeid", ""))
+
+
+def comparable(results: dict) -> dict:
+    """A results package less what differs between two runs of one build on one machine by time
+    and scheduling alone: when and how long, the digest, the command line, the RPC servers'
+    endpoints, and the text of a caught defect's assertion (it carries what that run measured: a
+    timing, a thread interleaving, a process-wide counter). Outcomes, statuses, the verdict and
+    every intact run's message are kept."""
+    out = json.loads(json.dumps({k: v for k, v in results.items() if k != "digest"}))
+    for run in (out["run"], *out["shards"]):
+        for key in ("start_time", "command", "host"):
+            run.pop(key, None)
+    for b in out["backends"].values():
+        b.pop("device", None)
+        b.pop("devices", None)
+    for c in out["cases"]:
+        c.pop("duration_s", None)
+        if c["outcome"] == "caught":
+            c["message"] = ""
+            c["caught"] = {"clause": c["caught"]["clause"]}
     return out
 
 
@@ -250,6 +276,7 @@ def write_all(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     write_junit(results, out / "junit.xml")
     (out / "report.md").write_text(report_markdown(results), encoding="utf-8")
+    (out / "report.html").write_text(html.report_html(results), encoding="utf-8")
 
 
 #: how each result code of a case, and each status of a clause, reads on a JUnit dashboard; a

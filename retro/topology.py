@@ -24,7 +24,7 @@ MISSES = REASONS[:6]
 #: where a trainer looks for the gate's results package when none is given
 GATE_ENV = "RETRO_TOPOLOGY_GATE"
 #: ggml device name prefixes -> the conformance suite's backend names
-_BACKEND_OF = (("CPU", "cpu"), ("Vulkan", "vulkan"), ("CUDA", "cuda"), ("RPC", "rpc"), ("Metal", "metal"))
+_BACKEND_OF = (("CPU", "cpu"), ("Vulkan", "vulkan"), ("CUDA", "cuda"), ("RPC", "rpc"))
 MODES = (False, True, "forced")
 
 

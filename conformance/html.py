@@ -1,0 +1,163 @@
+"""report.html: one self-contained page (no script, no network) of a results package: the verdict
+and the gate decisions at the top, the clause x backend grid coloured by status, and each cell
+linking to its evidence (the cases that ran, the seeded defects caught, CPU-oracle NMSE figures,
+measurements)."""
+
+from __future__ import annotations
+
+from html import escape
+
+#: a status's class and colour (the grid's legend, and what the browser test looks for)
+COLOURS = {
+    "pass": "#2e9d4f",
+    "fail": "#d62c2c",
+    "crash": "#7b1fa2",
+    "not covered": "#e0a800",
+    "not supported": "#4a7bd0",
+    "expected failure": "#f07c1f",
+    "not available": "#9e9e9e",
+    "not selected": "#f2f2f2",
+}
+
+
+def css_class(status: str) -> str:
+    return "s-" + status.replace(" ", "-")
+
+
+def anchor(clause: str, backend: str) -> str:
+    return f"ev-{clause}-{backend}"
+
+
+_STYLE = (
+    "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+    "td.cell{min-width:7em;text-align:center}td.cell a{color:inherit;text-decoration:none;display:block}"
+    ".legend span{display:inline-block;padding:2px 8px;margin:2px;border-radius:3px}"
+    ".verdict{font-size:1.2em;font-weight:bold}.evidence{margin:0 0 1em 0}"
+    "pre{white-space:pre-wrap;background:#f6f6f6;padding:4px}"
+    + "".join(
+        f".{css_class(s)}{{background:{c};color:{'#000' if s in ('not covered', 'not selected') else '#fff'}}}"
+        for s, c in COLOURS.items()
+    )
+)
+
+
+def _run_facts(results: dict) -> str:
+    run = results["run"]
+    keys = ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection")
+    rows = "".join(
+        f"<tr><th>{escape(k.replace('_', ' '))}</th><td>{escape(str(run[k]))}</td></tr>" for k in keys if k in run
+    )
+    if run.get("partial"):
+        rows += f"<tr><th>partial</th><td>{escape(run['partial'])}</td></tr>"
+    if run.get("merged"):
+        rows += f"<tr><th>merged</th><td>{run['shards']} shard(s)</td></tr>"
+    return f"<table>{rows}</table>"
+
+
+def _verdicts(results: dict) -> str:
+    rows = []
+    for name, b in results["backends"].items():
+        verdict = results["verdict"][name]
+        passing = sum(results["clauses"][c][name] == "pass" for c in results["selected"])
+        cls = css_class("pass" if verdict == "certified" else "not available" if verdict == "not available" else "fail")
+        reason = f" ({escape(b.get('reason', ''))})" if b["status"] != "available" else ""
+        rows.append(
+            f'<tr><th>{escape(name)}</th><td class="verdict {cls}" data-verdict="{escape(verdict)}">'
+            f"{escape(verdict)}</td><td>{passing}/{len(results['selected'])} clauses pass{reason}</td></tr>"
+        )
+    return f'<table id="verdicts">{"".join(rows)}</table>'
+
+
+def _gates(results: dict) -> str:
+    parts = []
+    for g in results.get("gates", {}).values():
+        cls = css_class("pass" if g["decision"] == "enable" else "fail")
+        missing = "".join(f"<li>{escape(m)}</li>" for m in g["missing"][:50])
+        more = f"<li>... {len(g['missing']) - 50} more</li>" if len(g["missing"]) > 50 else ""
+        evidence = "".join(f"<li>{escape(e)}</li>" for e in g["evidence"])
+        parts.append(
+            f'<div class="gate" data-gate="{escape(g["gate"])}"><p>Gate <b>{escape(g["gate"])}</b>: '
+            f'<span class="{cls}" data-decision="{escape(g["decision"])}">&nbsp;{escape(g["decision"])}&nbsp;</span>'
+            f" on {escape(', '.join(g['targets']))}</p>"
+            + (
+                f"<details><summary>missing ({len(g['missing'])})</summary><ul>{missing}{more}</ul></details>"
+                if missing
+                else ""
+            )
+            + (
+                f"<details><summary>evidence ({len(g['evidence'])})</summary><ul>{evidence}</ul></details>"
+                if evidence
+                else ""
+            )
+            + "</div>"
+        )
+    return "".join(parts)
+
+
+def _grid(results: dict) -> str:
+    names = list(results["backends"])
+    head = "<tr><th>clause</th>" + "".join(f"<th>{escape(n)}</th>" for n in names) + "</tr>"
+    rows = []
+    for cid, row in results["clauses"].items():
+        cells = "".join(
+            f'<td class="cell {css_class(row[n])}" data-clause="{cid}" data-backend="{escape(n)}" '
+            f'data-status="{escape(row[n])}"><a href="#{anchor(cid, n)}">{escape(row[n])}</a></td>'
+            for n in names
+        )
+        rows.append(f"<tr><th>{cid}</th>{cells}</tr>")
+    legend = "".join(f'<span class="{css_class(s)}">{escape(s)}</span>' for s in COLOURS)
+    return f'<p class="legend">{legend}</p><table id="grid">{head}{"".join(rows)}</table>'
+
+
+def _case_line(c: dict) -> str:
+    label = escape(c["id"]) + (f" [defect {escape(c['defect'])}]" if c["defect"] else "")
+    extra = []
+    if c.get("caught"):
+        extra.append(f"caught by {escape(c['caught']['clause'])}: {escape(c['caught']['assertion'][:300])}")
+    for o in c.get("oracle", []):
+        extra.append(f"oracle: {escape(o['observation'])}: NMSE {o['nmse']:.3g} (tolerance {o['tolerance']:g})")
+    for m in c.get("measurements", []):
+        extra.append("measurement: " + escape(", ".join(f"{k}={v}" for k, v in m.items())))
+    message = (
+        f"<pre>{escape(c['message'].strip()[:2000])}</pre>" if c["message"].strip() and c["outcome"] != "caught" else ""
+    )
+    notes = "".join(f"<div>{e}</div>" for e in extra)
+    return f'<li><span class="{css_class(_case_status(c["outcome"]))}">&nbsp;{escape(c["outcome"])}&nbsp;</span> {label} ({c["duration_s"]:.2f} s){notes}{message}</li>'
+
+
+def _case_status(outcome: str) -> str:
+    return {"caught": "pass", "survived": "fail"}.get(outcome, outcome)
+
+
+def _evidence(results: dict) -> str:
+    by_cell: dict[tuple[str, str], list[dict]] = {}
+    for c in results["cases"]:
+        for cid in c["clauses"]:
+            by_cell.setdefault((cid, c["backend"]), []).append(c)
+    parts = []
+    for cid, row in results["clauses"].items():
+        for name in results["backends"]:
+            cases = by_cell.get((cid, name), [])
+            items = "".join(_case_line(c) for c in cases) or "<li>no case ran</li>"
+            parts.append(
+                f'<div class="evidence" id="{anchor(cid, name)}"><h3>{cid} on {escape(name)}: '
+                f'<span class="{css_class(row[name])}">&nbsp;{escape(row[name])}&nbsp;</span></h3>'
+                f"<p>{escape(results['clause_details'][cid][name])}</p><ul>{items}</ul></div>"
+            )
+    return "".join(parts)
+
+
+def report_html(results: dict) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        "<title>retro conformance report</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        "<h1>retro conformance report</h1>"
+        f"<h2>Verdict</h2>{_verdicts(results)}{_gates(results)}"
+        f"<h2>Run</h2>{_run_facts(results)}"
+        f"<h2>Clauses</h2>{_grid(results)}"
+        f"<h2>Evidence</h2>{_evidence(results)}"
+        f"<p>digest <code>{escape(results['digest'])}</code></p>"
+        "</body></html>\n"
+    )
