@@ -194,17 +194,16 @@ def run_backend(
             else f"the interpreter died (exit code {returncode}) running this case"
         )
         cases.append(
-            {
-                "event": "result",
-                "nodeid": crashed["nodeid"],
-                "id": crashed["id"],
-                "clauses": crashed["clauses"],
-                "backend": name,
-                "defect": crashed["defect"],
-                "outcome": "crash",
-                "duration_s": round(time.time() - crashed["t"], 3),
-                "message": f"{what}\n{tail}",
-            }
+            results.case_record(
+                nodeid=crashed["nodeid"],
+                id=crashed["id"],
+                clauses=crashed["clauses"],
+                backend=name,
+                defect=crashed["defect"],
+                outcome="crash",
+                duration_s=round(time.time() - crashed["t"], 3),
+                message=f"{what}\n{tail}",
+            )
         )
         skip.append(crashed["nodeid"])
         if args.exitfirst:
@@ -213,18 +212,16 @@ def run_backend(
             print(f"  {name}       {crashed['id']}: crash ({what}); going on with the cases after it", flush=True)
     # every case crashing (a broken build): what ran is reported, the rest is one crash record
     cases.append(
-        {
-            "event": "result",
-            "nodeid": f"{name}{tag}::restart-budget",
-            "id": "restart budget",
-            "clauses": registry.select(args.clauses.split(",") if args.clauses else None),
-            "backend": name,
-            "defect": None,
-            "outcome": "crash",
-            "duration_s": 0.0,
-            "caught": None,
-            "message": f"{MAX_RESTARTS} interpreters died; the cases not yet run were abandoned",
-        }
+        results.case_record(
+            nodeid=f"{name}{tag}::restart-budget",
+            id="restart budget",
+            clauses=registry.select(args.clauses.split(",") if args.clauses else None),
+            backend=name,
+            defect=None,
+            outcome="crash",
+            duration_s=0.0,
+            message=f"{MAX_RESTARTS} interpreters died; the cases not yet run were abandoned",
+        )
     )
     return cases
 
@@ -301,12 +298,26 @@ def certify(args: argparse.Namespace) -> int:
     return _summarize(res, args.out, args.gate)
 
 
+def deal(nodeids: list[str], workers: int) -> list[list[str]]:
+    """The cases of one backend dealt to `workers`: every run of one check function (its
+    parameters, its seeded-defect runs) to the same worker, so that what a check builds once per
+    interpreter is built once; the largest checks first, each to the least loaded worker; each
+    worker's cases in pytest's order."""
+    groups: dict[str, list[int]] = {}
+    for i, nodeid in enumerate(nodeids):
+        groups.setdefault(nodeid.split("[", 1)[0], []).append(i)
+    loads: list[list[int]] = [[] for _ in range(workers)]
+    for members in sorted(groups.values(), key=len, reverse=True):
+        min(loads, key=len).extend(members)
+    return [[nodeids[i] for i in sorted(load)] for load in loads]
+
+
 def _run_all(
     names: list[str], args: argparse.Namespace, tmp: Path, env_of: Callable[[str, int], dict[str, str]], jobs: int
 ) -> list[dict]:
     """Every case of every backend: one backend after another in one interpreter at a time (-j 1),
-    or each backend's cases dealt round-robin to `jobs` workers, run side by side with those of
-    the other backends. The case records are the same either way; only their order differs."""
+    or each backend's cases dealt to `jobs` workers (deal), run side by side with those of the
+    other backends. The case records are the same either way; only their order differs."""
     cases: list[dict] = []
     if jobs == 1:
         for name in names:
@@ -315,10 +326,9 @@ def _run_all(
                 continue
             cases += run_backend(name, args, tmp, env_of(name, 0))
         return cases
-    tasks = []
-    for name in names:
-        ids = collect(name, args, tmp, env_of(name, 0))
-        tasks += [(name, w, ids[w::jobs]) for w in range(jobs) if ids[w::jobs]]
+    with concurrent.futures.ThreadPoolExecutor(len(names) or 1) as pool:
+        collected = list(pool.map(lambda n: collect(n, args, tmp, env_of(n, 0)), names))
+    tasks = [(name, w, part) for name, ids in zip(names, collected) for w, part in enumerate(deal(ids, jobs)) if part]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         runs = [pool.submit(run_backend, name, args, tmp, env_of(name, w), part, f"-{w}") for name, w, part in tasks]
         for run in runs:

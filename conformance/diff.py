@@ -90,9 +90,8 @@ def compare(old: dict, new: dict) -> Diff:
             change = Change(f"{cid} on {name}", was, now, new["clause_details"][cid].get(name, ""))
             _file(d, change, was in GOOD_CLAUSE, now in GOOD_CLAUSE, now in NOT_COMPARED or now == "absent")
 
-    key = results._case_key
-    before = {key(c): c for c in old["cases"]}
-    after = {key(c): c for c in new["cases"]}
+    before = {results.case_key(c): c for c in old["cases"]}
+    after = {results.case_key(c): c for c in new["cases"]}
     for k in sorted(before.keys() | after.keys()):
         if k not in after:
             d.removed.append(_case_label(before[k]))

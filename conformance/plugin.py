@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from . import backends as backends_mod
-from . import evidence, registry
+from . import evidence, registry, results
 
 NOT_AVAILABLE = "not available: "
 NOT_SUPPORTED = "not supported: "
@@ -108,7 +108,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where}: @pytest.mark.clause needs at least one clause ID")
     unknown = registry.unknown_ids(marker.args)
     if unknown:
-        raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses.toml")
+        raise pytest.UsageError(f"{where}: cites unknown clause ID(s) {unknown}; see conformance/clauses/")
     if "backend" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{where}: a conformance check must take the `backend` fixture")
     no_defects = metafunc.config.getoption("--no-defects")
@@ -271,20 +271,19 @@ class Recorder:
         if meta is None:
             return
         self.log(
-            {
-                "event": "result",
-                "nodeid": nodeid,
-                "id": meta.case,
-                "clauses": meta.clauses,
-                "backend": meta.variant.backend,
-                "defect": meta.variant.defect,
-                "outcome": meta.outcome or "fail",
-                "duration_s": round(meta.duration, 6),
-                "message": meta.message[:4000],
-                "caught": meta.caught,
-                **({"oracle": meta.oracle} if meta.oracle else {}),
-                **({"measurements": meta.measurements} if meta.measurements else {}),
-            }
+            results.case_record(
+                nodeid=nodeid,
+                id=meta.case,
+                clauses=meta.clauses,
+                backend=meta.variant.backend,
+                defect=meta.variant.defect,
+                outcome=meta.outcome or "fail",
+                duration_s=meta.duration,
+                message=meta.message,
+                caught=meta.caught,
+                oracle=meta.oracle,
+                measurements=meta.measurements,
+            )
         )
 
 

@@ -1,4 +1,5 @@
-"""The clause registry (clauses.toml) and the seeded-defect registry (mutants.toml) as data."""
+"""The clause registry (clauses/, one file per seed) and the seeded-defect registry (mutants.toml)
+as data, and the clause-ID grammar."""
 
 from __future__ import annotations
 
@@ -9,10 +10,32 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-ID_PATTERN = re.compile(
-    r"^(BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?$"
+#: the clause-ID grammar, defined once: the registry, the schema (results.schema.json, held to it
+#: by tests/test_conformance_registry.py) and the tests read it from here
+FAMILIES = (
+    "BASE",
+    "CANCEL",
+    "FAIL",
+    "SHAPE",
+    "HOST",
+    "TOPO",
+    "TX-OWN",
+    "TX-ACC",
+    "TX-RET",
+    "TX-FAIL",
+    "TX-PROF",
+    "HARNESS",
 )
-DEFECT_PATTERN = re.compile(r"^(?P<clause>[A-Z-]+-\d{2}[a-f]?)(\.[a-z0-9-]+)?$")
+ID_GRAMMAR = "(?:" + "|".join(FAMILIES) + ")-[0-9]{2}[a-f]?"
+#: a seeded defect's id: its clause's ID, or that ID, a dot and a name where a clause has several
+DEFECT_GRAMMAR = ID_GRAMMAR + r"(?:\.[a-z0-9-]+)?"
+ID_PATTERN = re.compile(f"^{ID_GRAMMAR}$")
+ID_IN_TEXT = re.compile(rf"\b{ID_GRAMMAR}\b")
+DEFECT_PATTERN = re.compile(rf"^(?P<clause>{ID_GRAMMAR})(?:\.[a-z0-9-]+)?$")
+#: the registry, one file per seed (clauses/), in this order
+REGISTRY_FILES = ("training.toml", "transactions.toml", "harness.toml")
+#: what a clause's checks prove: the binding (and the fork), or the harness's own code alone
+SUBJECTS = ("binding", "harness")
 
 
 @dataclass(frozen=True)
@@ -25,6 +48,7 @@ class Clause:
     parent: str | None = None
     reading: str = ""  # the reading the suite chose where the clause leaves one open, and why
     unimplemented: str = ""  # parts of the clause the binding does not implement (reported, never passed)
+    subject: str = "binding"  # SUBJECTS: "harness" for a clause whose checks run none of the binding
 
     @property
     def family(self) -> str:
@@ -52,24 +76,34 @@ class Defect:
         return m["clause"]
 
 
-def _load(name: str) -> dict:
-    return tomllib.loads(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"))
+def _load(*path: str) -> dict:
+    return tomllib.loads(resources.files(__package__).joinpath(*path).read_text(encoding="utf-8"))
 
 
 @cache
 def clauses() -> dict[str, Clause]:
-    data = _load("clauses.toml")
+    """Every clause by ID, in the order of REGISTRY_FILES and of each file."""
     out: dict[str, Clause] = {}
-    for raw in data["clause"]:
-        c = Clause(**raw)
-        if not ID_PATTERN.match(c.id):
-            raise ValueError(f"clauses.toml: malformed clause id {c.id!r}")
-        if c.id in out:
-            raise ValueError(f"clauses.toml: duplicate clause id {c.id}")
-        if c.document not in data["documents"]:
-            raise ValueError(f"clauses.toml: {c.id} names unknown document {c.document!r}")
-        out[c.id] = c
+    for name in REGISTRY_FILES:
+        data = _load("clauses", name)
+        for raw in data["clause"]:
+            c = Clause(**raw)
+            if not ID_PATTERN.match(c.id):
+                raise ValueError(f"clauses/{name}: malformed clause id {c.id!r}")
+            if c.id in out:
+                raise ValueError(f"clauses/{name}: duplicate clause id {c.id}")
+            if c.document not in data["documents"]:
+                raise ValueError(f"clauses/{name}: {c.id} names unknown document {c.document!r}")
+            if c.subject not in SUBJECTS:
+                raise ValueError(f"clauses/{name}: {c.id} has unknown subject {c.subject!r}")
+            out[c.id] = c
     return out
+
+
+def spec_ids() -> list[str]:
+    """The clause IDs shared/CONTRACTS.md names (clauses/contracts.ids, the spec's list as data)."""
+    text = resources.files(__package__).joinpath("clauses", "contracts.ids").read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
 @cache

@@ -31,6 +31,43 @@ CLAUSE_CODES = (
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
 
 
+def case_record(
+    *,
+    nodeid: str,
+    id: str,
+    clauses: list[str],
+    backend: str,
+    defect: str | None,
+    outcome: str,
+    duration_s: float,
+    message: str,
+    caught: dict[str, str] | None = None,
+    oracle: list[dict] | None = None,
+    measurements: list[dict] | None = None,
+) -> dict:
+    """The one shape of a case record: a result line of the results log (the plugin's, and the
+    runner's for a crashed interpreter and the restart budget) and an entry of results.json's cases."""
+    if outcome not in CASE_CODES:
+        raise ValueError(f"unknown result code {outcome!r}")
+    record: dict[str, object] = {
+        "event": "result",
+        "nodeid": nodeid,
+        "id": id,
+        "clauses": list(clauses),
+        "backend": backend,
+        "defect": defect,
+        "outcome": outcome,
+        "duration_s": round(duration_s, 6),
+        "message": message[:4000],
+        "caught": caught,
+    }
+    if oracle:
+        record["oracle"] = oracle
+    if measurements:
+        record["measurements"] = measurements
+    return record
+
+
 @dataclass(frozen=True)
 class Expectation:
     case: str
@@ -160,7 +197,7 @@ def aggregate(
     """Every clause of the registry gets a status per backend; the verdict counts the selected ones
     (the others read "not selected")."""
     # one order whatever the order the cases ran in (-j): the statuses and the digest follow it
-    cases = sorted(apply_expectations(cases, expectations or {}), key=_case_key)
+    cases = sorted(apply_expectations(cases, expectations or {}), key=case_key)
     chosen = set(selected)
     clauses: dict[str, dict[str, str]] = {}
     why: dict[str, dict[str, str]] = {}
@@ -197,16 +234,17 @@ def aggregate(
     return out
 
 
-def _case_key(c: dict) -> tuple[str, str, str, str]:
+def case_key(c: dict) -> tuple[str, str, str, str]:
     return (c["backend"], c["id"], c["defect"] or "", c.get("nodeid", ""))
 
 
 def comparable(results: dict) -> dict:
     """A results package less what differs between two runs of one build on one machine by time
-    and scheduling alone: when and how long, the digest, the command line, the RPC servers'
-    endpoints, and the text of a caught defect's assertion (it carries what that run measured: a
-    timing, a thread interleaving, a process-wide counter). Outcomes, statuses, the verdict and
-    every intact run's message are kept."""
+    and scheduling alone: when and how long (durations, the checks' timing measurements and the
+    gate's figures from them), the digest, the command line, the RPC servers' endpoints, and what a
+    caught defect's run measured (its assertion's text and oracle figures: a timing, a thread
+    interleaving, a process-wide counter). Outcomes, statuses, the verdict, the gate's decision and
+    every intact run's message and oracle figures are kept."""
     out = json.loads(json.dumps({k: v for k, v in results.items() if k != "digest"}))
     for run in (out["run"], *out["shards"]):
         for key in ("start_time", "command", "host"):
@@ -216,9 +254,13 @@ def comparable(results: dict) -> dict:
         b.pop("devices", None)
     for c in out["cases"]:
         c.pop("duration_s", None)
+        c.pop("measurements", None)  # timings a check recorded (the gate's rebuild cost)
         if c["outcome"] == "caught":
             c["message"] = ""
             c["caught"] = {"clause": c["caught"]["clause"]}
+            c.pop("oracle", None)
+    for g in out.get("gates", {}).values():
+        g["evidence"] = [e for e in g["evidence"] if " µs" not in e and "%" not in e]
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,16 @@ def windows(n_windows: int, width: int, n_vocab: int, seed: int) -> retro.TokenD
     """Random next-token windows: a stream of n_windows * width + 1 tokens, cut without overlap."""
     stream = np.random.default_rng(seed).integers(0, n_vocab, size=n_windows * width + 1)
     return retro.TokenDataset.from_tokens(stream, width=width)
+
+
+def recording(into: list, what: Callable[[retro.Progress], object] | None = None) -> Callable[[retro.Progress], bool]:
+    """A progress callback that never stops the epoch and appends each report (or what(report))."""
+
+    def progress(p: retro.Progress) -> bool:
+        into.append(p if what is None else what(p))
+        return True
+
+    return progress
 
 
 def every_micro_batch(n: int) -> range:

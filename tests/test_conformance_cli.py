@@ -1,4 +1,4 @@
-"""retro-conformance end to end: the three files, exit codes, crash isolation."""
+"""retro-conformance end to end: the four files, exit codes, crash isolation, -j."""
 
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     return proc.returncode, res, proc.stdout + proc.stderr
 
 
-def test_certify_base_on_cpu_writes_three_files_and_certifies(tmp_path):
+def test_certify_base_on_cpu_writes_four_files_and_certifies(tmp_path):
     rc, res, log = certify(tmp_path, "--clauses", "BASE")
     assert rc == 0, log
     jsonschema.validate(res, SCHEMA)
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.json", "junit.xml", "report.md"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.json", "junit.xml", "report.md", "report.html"}
     assert res["schema"] == 2 and res["verdict"] == {"cpu": "certified"}
     assert {c: res["clauses"][c]["cpu"] for c in ("BASE-01", "BASE-02", "BASE-03")} == dict.fromkeys(
         ("BASE-01", "BASE-02", "BASE-03"), "pass"
@@ -154,3 +154,19 @@ def test_the_covered_gate_fails_only_on_clauses_a_check_cites(tmp_path) -> None:
     assert cli._summarize(res("not covered", "seeded defect(s) no check caught: BASE-01"), tmp_path, "covered") == 1
     partly = "passes where implemented (...); not implemented: x"
     assert cli._summarize(res("not covered", partly), tmp_path, "covered") == 0
+
+
+def test_parallel_certification_gives_the_results_of_a_sequential_one(tmp_path):
+    """-j 2 deals the cases of both backends to two workers; the package equals -j 1's but for
+    timings and scheduling (results.comparable)."""
+    from retro.conformance import results
+
+    packages = []
+    for jobs in ("1", "2"):
+        (tmp_path / jobs).mkdir()
+        rc, res, log = certify(tmp_path / jobs, "--backend", "cpu,rpc", "--clauses", "BASE-03,HARNESS-02", "-j", jobs)
+        assert rc == 0, log
+        packages.append(res)
+    one, two = packages
+    assert len(one["cases"]) == len(two["cases"]) > 0
+    assert results.comparable(one) == results.comparable(two)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import re
+import json
+from pathlib import Path
 
 import pytest
 
@@ -10,14 +11,28 @@ from conftest import REPO
 from retro.conformance import registry
 
 CONTRACTS = REPO.parent / "shared" / "CONTRACTS.md"
-ID = re.compile(r"\b(?:BASE|CANCEL|FAIL|SHAPE|HOST|TOPO|TX-OWN|TX-ACC|TX-RET|TX-FAIL|TX-PROF|HARNESS)-\d{2}[a-f]?\b")
+SCHEMA = Path(registry.__file__).parent / "results.schema.json"
 
 
 def test_registry_holds_every_clause_of_the_contracts_and_no_other():
+    """Against the spec's clause list kept as data (conformance/clauses/contracts.ids): on any
+    checkout, with or without shared/ beside it."""
+    assert set(registry.clauses()) == set(registry.spec_ids())
+    assert len(registry.spec_ids()) == len(set(registry.spec_ids()))
+
+
+def test_the_spec_list_is_the_one_contracts_md_names():
     if not CONTRACTS.is_file():
-        pytest.skip("shared/CONTRACTS.md is not beside this checkout")
-    want = set(ID.findall(CONTRACTS.read_text(encoding="utf-8")))
-    assert set(registry.clauses()) == want
+        pytest.skip("shared/CONTRACTS.md is not beside this checkout (the list in the repo was checked above)")
+    named = list(dict.fromkeys(registry.ID_IN_TEXT.findall(CONTRACTS.read_text(encoding="utf-8"))))
+    assert named == registry.spec_ids()
+
+
+def test_the_schema_uses_the_registrys_id_grammar():
+    defs = json.loads(SCHEMA.read_text(encoding="utf-8"))["$defs"]
+    assert defs["clauseId"]["pattern"] == registry.ID_PATTERN.pattern
+    assert defs["defectId"]["pattern"] == f"^{registry.DEFECT_GRAMMAR}$"
+    assert all(registry.DEFECT_PATTERN.match(d) for d in registry.defects())
 
 
 def test_every_clause_has_text_and_a_known_document():

@@ -41,7 +41,7 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
         whole: list[retro.Progress] = []  # the micro-batches an uncancelled epoch reports
         with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
-            tr.epoch(ds, val_fraction=frac, progress=lambda p: whole.append(p) or True)
+            tr.epoch(ds, val_fraction=frac, progress=support.recording(whole))
         with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
             swept: list[tuple[bool, int]] = []
             for k in support.every_micro_batch(n_train):

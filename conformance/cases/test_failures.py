@@ -357,7 +357,7 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
         passed: list[dict[str, int]] = []
         fi.reset()
         with trainer() as tr:
-            tr.epoch(ds, progress=lambda p: passed.append({s: fi.hits(s) for s in fi.SITES}) or True)
+            tr.epoch(ds, progress=support.recording(passed, lambda _: {s: fi.hits(s) for s in fi.SITES}))
         totals = {s: fi.hits(s) for s in fi.SITES}
         fi.reset()
         for site in fi.SITES:
@@ -385,7 +385,7 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                 ctx.reset()
                 with trainer() as tr:
                     try:
-                        tr.epoch(ds, progress=lambda p: done.append(p) or True)
+                        tr.epoch(ds, progress=support.recording(done))
                     except retro.RetroError:
                         completed.append(len(done))
                         if site == "compute":

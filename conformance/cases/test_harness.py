@@ -146,7 +146,7 @@ def test_the_outputs_carry_every_result_code_and_shards_merge_into_one_run(backe
     expect("HARNESS-06", set(JUNIT) <= codes, f"result codes {sorted(codes)} lack {sorted(set(JUNIT) - codes)}")
 
     root = ET.parse(out / "junit.xml").getroot()
-    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    suites = {s.get("name", ""): s for s in root.findall("testsuite")}
     expect("HARNESS-06", {"cpu", "cpu.clauses"} <= set(suites), f"junit.xml suites {sorted(suites)}")
 
     def element(tc: ET.Element) -> str | None:
