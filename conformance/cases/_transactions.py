@@ -1,0 +1,176 @@
+"""What the tensor-transaction checks (test_tx_*.py, one file per family of seed 004) share."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import textwrap
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import retro
+from retro.conformance import support
+from retro.conformance.evidence import bound
+from retro.transactions import Profile, Selector, TensorTransactions, Transaction
+
+N_UBATCH = 4
+TOKENS = list(range(3, 13))  # 10 tokens: micro-batches of 4, 4 and 2
+SPLIT = [(0, 4), (4, 4), (8, 2)]  # (first row, rows) of each micro-batch
+DRAFT_NOISE = 1.0  # the draft: the model with noise in its last FFN, so it agrees in part
+
+
+def plain_context(
+    model: retro.Model, tx: TensorTransactions | None = None, *, n_ubatch: int = N_UBATCH
+) -> retro.Context:
+    return retro.Context(
+        model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=support.CHECK_THREADS, transactions=tx
+    )
+
+
+@contextlib.contextmanager
+def tx_context(
+    model: retro.Model, profile: Profile, selectors: list[Selector], handler=None, **kwargs
+) -> Iterator[retro.Context]:
+    n_ubatch = kwargs.pop("n_ubatch", N_UBATCH)
+    with plain_context(model, TensorTransactions(profile, selectors, handler, **kwargs), n_ubatch=n_ubatch) as ctx:
+        yield ctx
+
+
+def plain_state(model: retro.Model, tokens: list[int]) -> bytes:
+    """llama.cpp's sequence state after a decode without transactions: what an untouched graph computes."""
+    with plain_context(model) as ctx:
+        ctx.decode(tokens)
+        return ctx.sequence_state()
+
+
+def raise_at(k: int, exc: Callable[[], BaseException] = lambda: ValueError("handler failed")):
+    """A handler that logs its calls and raises at call k (0-based)."""
+    calls: list[Transaction] = []
+
+    def handler(t: Transaction) -> None:
+        calls.append(t)
+        if len(calls) == k + 1:
+            raise exc()
+
+    return handler, calls
+
+
+def decode_ok(clause: str, ctx: retro.Context, tokens: list[int]) -> None:
+    """Decode, bound to `clause`: a failed transaction is a failed assertion of that clause."""
+    with bound(clause):
+        try:
+            ctx.decode(tokens)
+        except retro.DecodeError as err:
+            pytest.fail(f"the decode failed: {err}")
+
+
+def foreign_profile(profile: Profile, name: str, **changes) -> Profile:
+    """The profile with one node's record changed, as a stale or foreign profile would present it."""
+    nodes = dict(profile.nodes)
+    nodes[name] = dataclasses.replace(nodes[name], **changes)
+    return dataclasses.replace(profile, nodes=nodes)
+
+
+def rows_of(captures, name: str) -> tuple[np.ndarray, np.ndarray]:
+    picked = [c for c in captures if c.name == name]
+    return np.concatenate([c.positions for c in picked]), np.concatenate([c.data for c in picked])
+
+
+CHILD_SCRIPT = textwrap.dedent(
+    """
+    import gc, os, sys, threading, time
+    import retro, retro._native as native
+    from retro.conformance import backends, support
+    from retro.transactions import Profile, TensorTransactions
+
+    mode, path, backend_name, defects = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    for defect in filter(None, defects.split(",")):  # the seeded defect the parent runs under
+        native.hooks.set_defect(defect, True)
+    backend = backends.discover()[backend_name]
+
+    in_handler = threading.Event()
+
+    class Handler:
+        def __call__(self, t):
+            in_handler.set()
+            time.sleep(0.01)
+        def __del__(self, write=os.write, logs=native.drain_logs):
+            # llama.cpp's destructor logs from ~llama_context; the state is released after it
+            freed = any("~llama_context" in line for _, line in logs())
+            write(1, b"native-context-freed-first\\n" if freed else b"state-freed-first\\n")
+
+    model = support.load(backend, __import__("pathlib").Path(path), trainable=False)
+    profile = Profile.record(model)
+    ctx = retro.Context(model, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1,
+                        transactions=TensorTransactions(profile, [profile.select("l_out-0")], Handler()))
+    ctx.decode(list(range(3, 13)))
+    native.drain_logs()
+    if mode == "close":
+        ctx.close()
+    elif mode == "gc":
+        ctx.cycle = ctx  # only the cycle collector can free it
+        del ctx
+        gc.collect()
+    elif mode == "mid-use":  # the interpreter exits while another thread is decoding
+        def decode_forever():
+            while True:
+                try:
+                    ctx.reset()
+                    ctx.decode(list(range(3, 13)))
+                except retro.RetroError:
+                    return
+        in_handler.clear()
+        threading.Thread(target=decode_forever, daemon=True).start()
+        in_handler.wait()
+    # "exit" and "mid-use": left to interpreter shutdown
+    """
+)
+
+
+def committed_positions(captures, name: str) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for c in captures:
+        if c.name == name:
+            out.setdefault(c.decode, []).extend(c.positions.tolist())
+    return out
+
+
+def fails_closed(ctx: retro.Context, calls: list, tokens: list[int] = TOKENS) -> str:
+    """Decode: it must fail on the layout, without the handler ever seeing the node."""
+    with pytest.raises(retro.TensorCallbackError) as err:
+        ctx.decode(tokens)
+    assert err.value.failure.kind == "layout", f"failed as {err.value.failure}"
+    assert not calls, f"the handler saw {len(calls)} mismatched copies"
+    return err.value.failure.message
+
+
+def steer(vector: np.ndarray, *, poison_last: bool = False, then_raise: bool = False):
+    def handler(t: Transaction) -> None:
+        t.data += vector
+        if poison_last:
+            t.data[-1, -1] = np.nan
+        if then_raise:
+            raise RuntimeError("after editing")
+
+    return handler
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() raises")
+
+
+class CustomBase(BaseException):
+    pass
+
+
+RAISED: list[tuple[str, Callable[[], BaseException]]] = [
+    ("builtins.ValueError", lambda: ValueError("plain")),
+    ("builtins.KeyboardInterrupt", KeyboardInterrupt),
+    ("builtins.SystemExit", lambda: SystemExit(3)),
+    (f"{__name__}.CustomBase", lambda: CustomBase("a BaseException")),
+    (f"{__name__}.Unprintable", Unprintable),
+    ("builtins.MemoryError", lambda: MemoryError("x" * (1 << 20))),
+]

@@ -1,0 +1,193 @@
+"""Tensor transactions (seed 004), TX-ACC: native tensor access: the node a selector names, its exact
+type, layout, rows and bounds, and write-back. Each is observed from outside the binding:
+llama.cpp's own record of the callback's user data and its destructor, the sequence state llama.cpp
+serializes, the logits it returns, numpy references, and the handler's own log. Shared helpers:
+_transactions.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retro
+from retro import _native
+from retro.conformance import support
+from retro.conformance.cases._transactions import (
+    SPLIT,
+    TOKENS,
+    decode_ok,
+    fails_closed,
+    foreign_profile,
+    plain_state,
+    rows_of,
+    steer,
+    tx_context,
+)
+from retro.conformance.evidence import bound, expect
+from retro.transactions import Profile, ProfileError, Transaction
+
+
+@pytest.mark.clause("TX-ACC-01", "TX-ACC-08")
+def test_the_handler_sees_the_complete_computed_tensor(backend, loaded):
+    """The copy of result_output the handler gets, micro-batch by micro-batch, is the complete
+    tensor llama.cpp computed: row for row the logits the decode returns."""
+    model, profile = loaded
+    seen: list[np.ndarray] = []
+    with tx_context(model, profile, [profile.select("result_output")], lambda t: seen.append(t.data)) as ctx:
+        logits = ctx.decode(TOKENS)
+    got = np.concatenate(seen) if seen else np.zeros((0, model.n_vocab), np.float32)
+    with bound("TX-ACC-01"):
+        assert got.shape == logits.shape, f"{got.shape} rows seen for logits {logits.shape}"
+        assert np.array_equal(got[:, :1], logits[:, :1]), "the node was read before it was computed"
+    with bound("TX-ACC-08"):
+        np.testing.assert_array_equal(got, logits, err_msg="the copy is not the whole tensor")
+        assert all(a.flags.owndata for a in seen), "the handler got a view, not an owned copy"
+
+
+@pytest.mark.clause("TX-ACC-02")
+def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
+    """On an 11-layer model, l_out-1 selects l_out-1 alone (not l_out-10): one copy per
+    micro-batch, all of that name. A name that is only a prefix, or that names several nodes
+    (Qcur-0), cannot be selected."""
+    path = support.model_file(tmp_path, seed, n_layer=11)
+    with support.load(backend, path, trainable=False) as model:
+        profile = Profile.record(model)
+        names: list[str] = []
+        with tx_context(model, profile, [profile.select("l_out-1")], lambda t: names.append(t.name)) as ctx:
+            decode_ok("TX-ACC-02", ctx, TOKENS)
+            expect("TX-ACC-02", names == ["l_out-1"] * 3, f"the handler saw {names}")
+        for name in ("l_out", "l_out-", "Qcur-0"):
+            with bound("TX-ACC-02"), pytest.raises(ProfileError):
+                profile.select(name)
+
+
+@pytest.mark.clause("TX-ACC-03")
+def test_the_element_type_is_exact(backend, loaded):
+    """A profile that records l_out-0 as i32 (same element size as its real f32): the data phase
+    refuses the node after decode, nothing reinterpreted; f16 against f32 is refused as well."""
+    model, profile = loaded
+    foreign = foreign_profile(profile, "l_out-0", dtype="i32")
+    calls: list = []
+    with tx_context(model, foreign, [foreign.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-03"):
+        assert "type" in fails_closed(ctx, calls)
+    spec = profile.select("l_out-0")._spec()
+    with bound("TX-ACC-03"):
+        failure = _native.tx_verify("l_out-0", 1, (64, 4, 1, 1), True, spec, 4)  # GGML_TYPE_F16
+        assert isinstance(failure, tuple) and "type" in failure[3], f"f16 accepted: {failure}"
+
+
+@pytest.mark.clause("TX-ACC-04")
+def test_the_layout_is_two_dimensional_contiguous_and_not_empty(backend, loaded):
+    """Qcur-0 (view) is [16, heads, tokens]: with 4 tokens and 4 heads its first two dimensions
+    look like 4 rows of 16, and a profile claiming so must still be refused; so must a
+    non-contiguous and an empty node (the data phase's checks given that metadata)."""
+    model, profile = loaded
+    node = profile.nodes["Qcur-0 (view)"]
+    foreign = foreign_profile(profile, node.name, shape=(node.shape[0], 3, 1, 1), rows="tokens")
+    calls: list = []
+    with tx_context(model, foreign, [foreign.select(node.name)], calls.append) as ctx, bound("TX-ACC-04"):
+        assert "two-dimensional" in fails_closed(ctx, calls, TOKENS[:4])
+    spec = profile.select("l_out-0")._spec()
+    for ne, contiguous, rows in (((64, 4, 1, 1), False, 4), ((64, 0, 1, 1), True, 1), ((64, 2, 2, 1), True, 2)):
+        with bound("TX-ACC-04"):
+            failure = _native.tx_verify("l_out-0", 0, ne, contiguous, spec, rows)
+            assert isinstance(failure, tuple), f"{ne} (contiguous {contiguous}) accepted"
+
+
+@pytest.mark.clause("TX-ACC-05")
+def test_row_width_is_exact_and_the_row_bound_inclusive(backend, loaded):
+    """Micro-batches of 4, 4 and 2 rows pass a bound of 4 (inclusive) and fail one of 3; a
+    profile recording another row width fails closed."""
+    model, profile = loaded
+    calls: list = []
+    with tx_context(model, profile, [profile.select("l_out-0", max_rows=4)], calls.append) as ctx:
+        decode_ok("TX-ACC-05", ctx, TOKENS)
+        expect("TX-ACC-05", [t.data.shape[0] for t in calls] == [4, 4, 2], "rows at the bound were refused")
+    calls.clear()
+    with tx_context(model, profile, [profile.select("l_out-0", max_rows=3)], calls.append) as ctx, bound("TX-ACC-05"):
+        assert "rows" in fails_closed(ctx, calls)
+    node = profile.nodes["l_out-0"]
+    wider = foreign_profile(profile, "l_out-0", shape=(node.shape[0] * 2, *node.shape[1:]))
+    with tx_context(model, wider, [wider.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-05"):
+        assert "elements per row" in fails_closed(ctx, calls)
+
+
+@pytest.mark.clause("TX-ACC-06")
+def test_element_and_byte_counts_are_overflow_checked(backend):
+    """The data phase's checks given node metadata whose element or byte count overflows 64 bits
+    report the overflow; the largest node a selector admits gets its exact byte count."""
+    from retro.transactions import MAX_ROW_ELEMENTS, MAX_ROWS
+
+    spec = ("big", 0, MAX_ROW_ELEMENTS, MAX_ROWS, 0, False, 0, 0, 0)
+    for ne in (
+        (MAX_ROW_ELEMENTS, MAX_ROWS, 1 << 20, 1 << 20),
+        (MAX_ROW_ELEMENTS, MAX_ROWS, 1 << 21, 1),
+        (1 << 62, 2, 1, 1),
+    ):
+        failure = _native.tx_verify("big", 0, ne, True, spec, MAX_ROWS)
+        expect("TX-ACC-06", isinstance(failure, tuple) and "overflow" in failure[3], f"{ne}: {failure}")
+    fits = _native.tx_verify("big", 0, (MAX_ROW_ELEMENTS, MAX_ROWS, 1, 1), True, spec, MAX_ROWS)
+    expect("TX-ACC-06", fits == MAX_ROW_ELEMENTS * MAX_ROWS * 4, f"the largest node: {fits}")
+
+
+@pytest.mark.clause("TX-ACC-07")
+def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded):
+    """Decoded in micro-batches of 4, 4 and 2, each copy starts at its micro-batch's first
+    logical row and carries its positions, and together they equal one 16-token micro-batch's
+    copy; an output node's rows are the outputs (a generation's prompt: its last token only)."""
+    model, profile = loaded
+    calls: list[Transaction] = []
+    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)], calls.append) as ctx:
+        ctx.decode(TOKENS)
+        positions, split = rows_of(ctx.drain_captures(), "attn_norm-0")
+    expect("TX-ACC-07", [(t.first_row, t.data.shape[0]) for t in calls] == SPLIT, "micro-batch rows")
+    expect("TX-ACC-07", positions.tolist() == list(range(len(TOKENS))), f"positions {positions.tolist()}")
+    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)], n_ubatch=16) as ctx:
+        ctx.decode(TOKENS)
+        _, whole = rows_of(ctx.drain_captures(), "attn_norm-0")
+    with bound("TX-ACC-07"):
+        np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-6, err_msg="rows out of place")
+    with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
+        ctx.generate(TOKENS[:6], 1)
+        positions, _ = rows_of(ctx.drain_captures(), "result_norm")
+    expect("TX-ACC-07", positions.tolist() == [5], f"output rows at {positions.tolist()}")
+
+
+@pytest.mark.clause("TX-ACC-09")
+def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed):
+    """Adding a steering vector to result_norm changes the logits to exactly what numpy computes
+    from the unsteered result_norm and the output weights (added once); a copy with one NaN,
+    anywhere, is not written: llama.cpp's sequence state is the untouched decode's."""
+    model, profile = loaded
+    v = np.random.default_rng(seed).normal(0, 0.5, model.n_embd).astype(np.float32)
+    with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
+        ctx.decode(TOKENS)
+        _, norm = rows_of(ctx.drain_captures(), "result_norm")
+    with tx_context(model, profile, [profile.select("result_norm", access="mutable-f32")], steer(v)) as ctx:
+        steered = ctx.decode(TOKENS)
+    reference = (norm.astype(np.float64) + v) @ model.tensor("output.weight").astype(np.float64).T
+    with bound("TX-ACC-09"):
+        np.testing.assert_allclose(steered, reference, rtol=1e-4, atol=1e-4, err_msg="steered logits")
+    untouched = plain_state(model, TOKENS)
+    sel = [profile.select("attn_norm-0", access="mutable-f32")]
+    with tx_context(model, profile, sel, steer(v, poison_last=True)) as ctx:
+        with bound("TX-ACC-09"), pytest.raises(retro.TensorCallbackError):
+            ctx.decode(TOKENS)
+        failure = ctx.transaction_failure
+        expect("TX-ACC-09", failure is not None and failure.kind == "non-finite", f"failed as {failure}")
+        expect("TX-ACC-09", ctx.sequence_state() == untouched, "a copy holding a NaN was written back")
+
+
+@pytest.mark.clause("TX-ACC-10")
+def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
+    """A handler that edits its copy and then raises, and one whose last row holds a NaN, leave
+    the node as computed: llama.cpp's sequence state equals the untouched decode's."""
+    model, profile = loaded
+    v = np.full(model.n_embd, 0.25, np.float32)
+    untouched = plain_state(model, TOKENS)
+    for how in ({"then_raise": True}, {"poison_last": True}):
+        sel = [profile.select("attn_norm-0", access="mutable-f32")]
+        with tx_context(model, profile, sel, steer(v, **how)) as ctx:
+            with pytest.raises(retro.TensorCallbackError):
+                ctx.decode(TOKENS)
+            expect("TX-ACC-10", ctx.sequence_state() == untouched, f"{how}: part of the copy was written back")

@@ -1,0 +1,150 @@
+"""Tensor transactions (seed 004), TX-FAIL: failure containment: every handler exception becomes a
+bounded, typed failure that sticks, and the graph runs on without the handler; and an exception at
+every handler invocation (HARNESS-04). Each is observed from outside the binding: llama.cpp's own
+record of the callback's user data and its destructor, the sequence state llama.cpp serializes, the
+logits it returns, numpy references, and the handler's own log. Shared helpers: _transactions.py."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import pytest
+
+import retro
+from retro.conformance import support
+from retro.conformance.cases._transactions import (
+    DRAFT_NOISE,
+    RAISED,
+    TOKENS,
+    plain_context,
+    plain_state,
+    raise_at,
+    tx_context,
+)
+from retro.conformance.evidence import bound, expect
+from retro.transactions import Profile, TensorTransactions, Transaction
+
+
+@pytest.mark.clause("TX-FAIL-01")
+def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
+    """Ordinary exceptions, KeyboardInterrupt, SystemExit, a BaseException subclass, one whose
+    str() raises and one with a 1 MiB message: each is contained and reported by type, with a
+    bounded message and a traceback that names the handler; the interpreter goes on."""
+    model, profile = loaded
+    for type_name, make in RAISED:
+
+        def handler(t: Transaction, make=make) -> None:
+            raise make()
+
+        with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+            with bound("TX-FAIL-01"), pytest.raises(retro.TensorCallbackError) as err:
+                ctx.decode(TOKENS)
+            f = err.value.failure
+            expect("TX-FAIL-01", f.type == type_name, f"{type_name} reported as {f.type}")
+            expect("TX-FAIL-01", len(f.message) <= 4200, f"{type_name}: a message of {len(f.message)} characters")
+            expect("TX-FAIL-01", "handler" in f.traceback, f"{type_name}: the traceback lost the handler")
+
+
+@pytest.mark.clause("TX-FAIL-02", "TX-FAIL-03", "TX-FAIL-05")
+def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded):
+    """The handler raises in the first of 3 micro-batches, at the first of two selected nodes:
+    it is never called again, yet every node of every micro-batch was computed (llama.cpp's
+    sequence state equals an untouched decode's) and the tokens stay in the cache."""
+    model, profile = loaded
+    untouched = plain_state(model, TOKENS)
+    handler, calls = raise_at(0)
+    sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
+    with tx_context(model, profile, sel, handler) as ctx:
+        with pytest.raises(retro.TensorCallbackError):
+            ctx.decode(TOKENS)
+        expect("TX-FAIL-03", len(calls) == 1, f"the handler was called {len(calls)} times")
+        expect("TX-FAIL-02", ctx.sequence_state() == untouched, "the rest of the graph was not computed")
+        expect("TX-FAIL-05", ctx.sequence_length == len(TOKENS), f"{ctx.sequence_length} positions after the failure")
+        expect("TX-FAIL-05", ctx.n_past == len(TOKENS), f"n_past {ctx.n_past} after the failure")
+
+
+@pytest.mark.clause("TX-FAIL-04", "TX-FAIL-06")
+def test_the_first_failure_is_reported_and_sticks(backend, loaded):
+    """A decode and a generation whose handler raised report TensorCallbackError describing it;
+    every later decode is refused with that first failure, without running or calling the
+    handler."""
+    model, profile = loaded
+    handler, calls = raise_at(0, lambda: ValueError("the first failure"))
+    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+        with bound("TX-FAIL-04"), pytest.raises(retro.DecodeError) as err:
+            ctx.decode(TOKENS)
+        expect("TX-FAIL-04", isinstance(err.value, retro.TensorCallbackError), f"reported as {err.value!r}")
+        expect("TX-FAIL-04", "the first failure" in str(err.value), f"reported as {err.value}")
+        for _ in range(2):
+            with bound("TX-FAIL-06"), pytest.raises(retro.TensorCallbackError) as again:
+                ctx.decode([1])
+            expect("TX-FAIL-06", "the first failure" in str(again.value), f"then {again.value}")
+        expect("TX-FAIL-06", len(calls) == 1, f"the handler ran {len(calls)} times")
+        expect("TX-FAIL-06", ctx.sequence_length == len(TOKENS), "a refused decode ran")
+    handler, calls = raise_at(2, lambda: ValueError("in a generation"))
+    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+        with bound("TX-FAIL-04"), pytest.raises(retro.DecodeError) as err:
+            ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+        expect("TX-FAIL-04", isinstance(err.value, retro.TensorCallbackError), f"reported as {err.value!r}")
+        expect("TX-FAIL-04", "in a generation" in str(err.value), f"reported {err.value}")
+        expect("TX-FAIL-06", len(calls) == 3, f"the handler ran {len(calls)} times in the generation")
+
+
+@pytest.mark.clause("HARNESS-04")
+def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, tmp_path, seed):
+    """A 3-micro-batch decode with two selected nodes, and a speculative generation whose target
+    and draft both have handlers: the handler raises at each of their invocations in turn. Every
+    time: TensorCallbackError naming that invocation, no further call, the tokens of the failed
+    decode kept, and the captures of earlier decodes committed."""
+    model, profile = loaded
+    sel = [profile.select("attn_norm-0", retain=True, access="mutable-f32"), profile.select("result_norm")]
+    clean, calls = raise_at(-1)
+    with tx_context(model, profile, sel, clean) as ctx:
+        ctx.decode(TOKENS)
+    for k in range(len(calls)):
+        handler, seen = raise_at(k, functools.partial(ValueError, f"invocation {k}"))
+        with tx_context(model, profile, sel, handler) as ctx:
+            with bound("HARNESS-04"), pytest.raises(retro.TensorCallbackError) as err:
+                ctx.decode(TOKENS)
+            expect("HARNESS-04", err.value.failure.message == f"invocation {k}", f"at {k}: {err.value.failure}")
+            expect(
+                "HARNESS-04", len(seen) == k + 1 and ctx.sequence_length == len(TOKENS), f"at {k}: {len(seen)} calls"
+            )
+
+    with support.load(
+        backend, support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE), trainable=False
+    ) as draft_model:
+        draft_profile = Profile.record(draft_model)
+        log: list[str] = []
+
+        def speculate(fail_at: int) -> BaseException | None:
+            """A speculative generation whose handlers (target and draft) raise at call fail_at."""
+
+            def on(side: str) -> Callable[[Transaction], None]:
+                def handler(t: Transaction) -> None:
+                    log.append(side)
+                    if len(log) == fail_at + 1:
+                        raise ValueError(f"invocation {fail_at}")
+
+                return handler
+
+            target_tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)], on("target"))
+            draft_tx = TensorTransactions(draft_profile, [draft_profile.select("l_out-0")], on("draft"))
+            with plain_context(model, target_tx) as target, plain_context(draft_model, draft_tx) as draft:
+                try:
+                    target.generate(TOKENS[:3], 16, stop_at_eog=False, draft=draft, n_draft=3)
+                except retro.DecodeError as err:
+                    return err
+            return None
+
+        speculate(-1)
+        total = len(log)
+        expect("HARNESS-04", set(log) == {"target", "draft"}, "the speculative run called one side only")
+        for k in range(total):
+            log.clear()
+            raised = speculate(k)
+            with bound("HARNESS-04"):
+                assert isinstance(raised, retro.TensorCallbackError), f"at {k} ({log[-1]}): {raised!r}"
+                assert raised.failure.message == f"invocation {k}", f"at {k}: {raised.failure}"
+            expect("HARNESS-04", len(log) == k + 1, f"at {k}: {len(log)} calls")

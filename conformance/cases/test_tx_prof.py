@@ -1,0 +1,63 @@
+"""Tensor transactions (seed 004), TX-PROF: profile binding: selectors bound to a profile validated
+for the model, and the borrowing capture only made unsafely. Each is observed from outside the
+binding: llama.cpp's own record of the callback's user data and its destructor, the sequence state
+llama.cpp serializes, the logits it returns, numpy references, and the handler's own log. Shared
+helpers: _transactions.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from retro.conformance.cases._transactions import (
+    TOKENS,
+    plain_context,
+    rows_of,
+    tx_context,
+)
+from retro.conformance.evidence import bound, expect
+from retro.transactions import Profile, ProfileError, Selector, TensorTransactions
+from retro.unsafe import TensorCapture
+
+
+@pytest.mark.clause("TX-PROF-01")
+def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loaded, tmp_path):
+    """Selectors come only from a profile; a profile saved and loaded is accepted for its model;
+    one recorded for another pin, architecture or backend is refused before anything native
+    changes."""
+    model, profile = loaded
+    with bound("TX-PROF-01"), pytest.raises(TypeError):
+        Selector("l_out-0", "f32", 64, 8, "read-only", True, "tokens", profile)
+    other = dataclasses.replace(profile)
+    with bound("TX-PROF-01"), pytest.raises(ProfileError):
+        TensorTransactions(profile, [other.select("l_out-0", retain=True)])
+    loaded_back = Profile.load(profile.save(tmp_path / "profile.json"))
+    with tx_context(model, loaded_back, [loaded_back.select("l_out-0", retain=True)]) as ctx:
+        ctx.decode(TOKENS[:4])
+    elsewhere = ("Vulkan0",) if profile.backend != ("Vulkan0",) else ("CPU",)
+    for field, value in (("pin", "0000000"), ("architecture", "gpt2"), ("backend", elsewhere)):
+        foreign = dataclasses.replace(profile, **{field: value})
+        tx = TensorTransactions(foreign, [foreign.select("l_out-0", retain=True)])
+        with bound("TX-PROF-01"), pytest.raises(ProfileError):
+            plain_context(model, tx).close()
+        expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
+
+
+@pytest.mark.clause("TX-PROF-03")
+def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
+    """TensorCapture's constructor refuses; TensorCapture.unsafe_borrow writes the node's rows
+    into the caller's array, which equals the retained capture of the same node."""
+    model, profile = loaded
+    out = np.zeros((4, model.n_embd), np.float32)
+    with bound("TX-PROF-03"), pytest.raises(TypeError, match="unsafe_borrow"):
+        TensorCapture(profile.select("attn_norm-0"), out)
+    capture = TensorCapture.unsafe_borrow(profile.select("attn_norm-0"), out)
+    tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)], captures=[capture])
+    with plain_context(model, tx) as ctx:
+        ctx.decode(TOKENS[:4])
+    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)]) as ctx:
+        ctx.decode(TOKENS[:4])
+        _, expected = rows_of(ctx.drain_captures(), "attn_norm-0")
+    expect("TX-PROF-03", np.array_equal(out, expected), "the borrowed capture did not write the rows")

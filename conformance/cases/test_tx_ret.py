@@ -1,0 +1,93 @@
+"""Tensor transactions (seed 004), TX-RET: retained captures: staged per decode, discarded with a
+failed one, within their byte limit. Each is observed from outside the binding: llama.cpp's own
+record of the callback's user data and its destructor, the sequence state llama.cpp serializes, the
+logits it returns, numpy references, and the handler's own log. Shared helpers: _transactions.py."""
+
+from __future__ import annotations
+
+import pytest
+
+import retro
+from retro.conformance import support
+from retro.conformance.cases._transactions import (
+    TOKENS,
+    committed_positions,
+    fails_closed,
+    tx_context,
+)
+from retro.conformance.evidence import bound, expect
+from retro.transactions import Profile, Transaction
+
+
+@pytest.mark.clause("TX-RET-01")
+def test_captures_are_staged_per_decode(backend, loaded):
+    """A generation of 5 tokens commits each of its decodes' rows once: the captured rows are
+    exactly the tokens decoded, grouped by decode, in order."""
+    model, profile = loaded
+    with tx_context(model, profile, [profile.select("l_out-0", retain=True)]) as ctx:
+        g = ctx.generate(TOKENS[:3], 5, stop_at_eog=False)
+        covered = committed_positions(ctx.drain_captures(), "l_out-0")
+    expected = {d: [p] for d, p in zip(range(1, g.decodes), range(3, 3 + g.decodes - 1), strict=True)}
+    expected[0] = [0, 1, 2]
+    expect("TX-RET-01", covered == expected, f"captures per decode {covered}, expected {expected}")
+
+
+@pytest.mark.clause("TX-RET-02", "TX-PROF-02")
+def test_a_graph_that_does_not_match_the_profile_fails_closed(backend, loaded, tmp_path, seed):
+    """Selectors bound to a profile of a 3-layer model of the same architecture, used on the
+    2-layer model: l_out-2 is never computed, so the decode fails after it ran (coverage), the
+    handler never saw a mismatched node, and no capture of that decode is committed. A profile
+    of a wider model fails closed on the row width."""
+    model, _ = loaded
+    with support.load(backend, support.model_file(tmp_path, seed, n_layer=3), trainable=False) as deeper:
+        three = Profile.record(deeper)
+    with support.load(backend, support.model_file(tmp_path, seed, n_embd=128), trainable=False) as wider:
+        wide = Profile.record(wider)
+    sel = [three.select("l_out-0", retain=True), three.select("l_out-2", retain=True)]
+    with tx_context(model, three, sel) as ctx:
+        with bound("TX-PROF-02"), pytest.raises(retro.TensorCallbackError) as err:
+            ctx.decode(TOKENS)
+        expect("TX-PROF-02", err.value.failure.kind == "coverage", f"failed as {err.value.failure}")
+        expect("TX-RET-02", ctx.drain_captures() == [], "a decode that failed its coverage committed captures")
+    calls: list = []
+    with tx_context(model, wide, [wide.select("l_out-0")], calls.append) as ctx, bound("TX-PROF-02"):
+        assert "elements per row" in fails_closed(ctx, calls)
+
+
+@pytest.mark.clause("TX-RET-03")
+def test_a_failed_internal_decode_discards_only_its_own_staging(backend, loaded):
+    """A generation whose handler raises in its 4th decode: the error carries the tokens made
+    before, and the captures of the 3 decodes before it stay committed, complete; none of the
+    failed decode's."""
+    model, profile = loaded
+
+    def handler(t: Transaction) -> None:
+        if t.decode == 3:
+            raise ValueError("fourth decode")
+
+    with tx_context(model, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], handler) as ctx:
+        with pytest.raises(retro.TensorCallbackError) as err:
+            ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+        covered = committed_positions(ctx.drain_captures(), "l_out-0")
+    expect("TX-RET-03", len(err.value.tokens) == 3, f"tokens before the failure: {err.value.tokens}")
+    expect("TX-RET-03", covered == {0: [0, 1, 2], 1: [3], 2: [4]}, f"committed: {covered}")
+
+
+@pytest.mark.clause("TX-RET-04")
+def test_undrained_captures_stay_within_their_byte_limit(backend, loaded):
+    """With room for two 4-token decodes of l_out-0, a third is refused before it runs (nothing
+    decoded, nothing lost); draining frees the room."""
+    model, profile = loaded
+    limit = 2 * 4 * model.n_embd * 4
+    sel = [profile.select("l_out-0", retain=True, max_rows=4)]
+    with tx_context(model, profile, sel, retained_limit=limit) as ctx:
+        ctx.decode(TOKENS[:4])
+        ctx.decode(TOKENS[4:8])
+        with bound("TX-RET-04"), pytest.raises(retro.CaptureLimitError):
+            ctx.decode(TOKENS[8:])
+        expect("TX-RET-04", ctx.sequence_length == 8, f"the refused decode ran: {ctx.sequence_length} positions")
+        held = ctx.drain_captures()
+        expect("TX-RET-04", sum(c.data.nbytes for c in held) <= limit, "the undrained captures exceeded the limit")
+        expect("TX-RET-04", [c.positions.tolist() for c in held] == [[0, 1, 2, 3], [4, 5, 6, 7]], "captures lost")
+        ctx.decode(TOKENS[8:])
+        expect("TX-RET-04", len(ctx.drain_captures()) == 1, "drained room was not given back")
