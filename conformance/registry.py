@@ -136,10 +136,14 @@ def check_switches(compiled: list[str]) -> None:
 
 
 def seeded(defect: str) -> bool:
-    """The door of the harness's own modules to a seeded-defect switch. A switch can be on only in
-    a process that loaded the binding, so one that merely merges results never loads it here."""
-    native = sys.modules.get("retro._native")
-    return bool(native is not None and native.hooks.defect_on(defect))
+    """The harness's way to the one door to a seeded-defect switch (retro._checks.seeded). A
+    switch can be on only in a process that loaded the binding, so a process that merely merges
+    or compares results packages never loads it here."""
+    if "retro._native" not in sys.modules:
+        return False
+    from retro._checks import seeded as switched_on
+
+    return switched_on(defect)
 
 
 def unknown_ids(ids: list[str] | tuple[str, ...]) -> list[str]:
