@@ -42,9 +42,10 @@ bool retro_fault_hit(enum retro_site site) {
     if (!valid_site(site)) {
         return false;
     }
-    site_state & s    = g_sites[site];
+    site_state & s = g_sites[site];
     // the count after this pass; seeded defect: the count before it, so a plan fires a hit late
-    const int64_t hit = s.hits.fetch_add(1, std::memory_order_relaxed) + (retro_defect_on(RETRO_DEFECT_HARNESS_02) ? 0 : 1);
+    const int64_t hit =
+            s.hits.fetch_add(1, std::memory_order_relaxed) + (retro_defect_on(RETRO_DEFECT_HARNESS_02) ? 0 : 1);
     if (!g_armed.load(std::memory_order_acquire)) {
         return false;
     }
