@@ -30,6 +30,25 @@ def certify(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     return proc.returncode, res, proc.stdout + proc.stderr
 
 
+def what_fell_short(res: dict, log: str) -> str:
+    """The clauses that are not pass on an available backend, with their reasons, and the cases
+    that did not end as they should: the log of a whole certification is too long to read in CI."""
+    if not res:
+        return log[-6000:]
+    lines = [
+        f"{cid} on {name}: {status} ({res['clause_details'][cid][name]})"
+        for cid, row in res["clauses"].items()
+        for name, status in row.items()
+        if res["backends"][name]["status"] == "available" and status != "pass"
+    ]
+    lines += [
+        f"{c['backend']} {c['id']} [{c['defect'] or 'intact'}]: {c['outcome']}: {c['message'][:600]}"
+        for c in res["cases"]
+        if c["outcome"] in ("fail", "crash")
+    ]
+    return "\n".join(lines) or log[-6000:]
+
+
 def test_certify_base_on_cpu_writes_four_files_and_certifies(tmp_path):
     rc, res, log = certify(tmp_path, "--clauses", "BASE")
     assert rc == 0, log
@@ -55,7 +74,7 @@ def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
     read not available, and keep the topology-cache gate refused for a package that holds them."""
     rc, res, log = certify(tmp_path, "--backend", "all")
     available = [n for n, b in res["backends"].items() if b["status"] == "available"]
-    assert rc == 0 and all(res["verdict"][n] == "certified" for n in available), log
+    assert rc == 0 and all(res["verdict"][n] == "certified" for n in available), what_fell_short(res, log)
     assert res["clauses"]["HARNESS-05"]["cpu"] == res["clauses"]["HARNESS-07"]["cpu"] == "pass"
     decision = res["gates"]["topology-cache"]
     assert not [m for m in decision["missing"] if " on cpu: " in m], decision["missing"]

@@ -4,6 +4,7 @@ and AdamW, accumulation 1 and > 1."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -203,9 +204,10 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
 def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
     """With duty cycle d < 1 the limiter owes compute * (1 - d) / d of sleep after each micro-batch
     and pays it before the next compute; a cancel drops the debt instead of sleeping it. Measured
-    by the wall clock, not by the binding's own accounting, and within one run: a micro-batch's
-    compute is read from the interval that ends at its callback (after the call's start, or after
-    the previous debt was paid), so a machine whose load changes between runs cannot blur it."""
+    by the wall clock, not by the binding's own accounting. The unit is the fastest micro-batch of
+    an unthrottled epoch: load only ever slows a micro-batch down, so that minimum is what a
+    compute costs at most, so each bound sits between the right behaviour and the wrong one by a
+    factor a loaded machine (the checks run side by side) does not bridge."""
 
     def run(tr: retro.Trainer, ds: retro.TokenDataset, stop_at: int) -> tuple[list[float], float, int]:
         """Callback times (the call's start first), the time from the cancel to the return, and
@@ -221,28 +223,32 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
 
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
         ds = support.windows(WINDOWS_TRAIN, 256, model.n_vocab, seed + 14)
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+            run(tr, support.subset(ds, slice(0, 1)), 1)  # warm: optimizer state and graphs exist
+            times, _, _ = run(tr, ds, 1 << 30)
+        unit = min(b - a for a, b in itertools.pairwise(times[1:]))  # after the call's setup
         for duty, k in ((0.02, 1), (0.02, 2), (0.1, 3)):
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), duty_cycle=duty) as tr:
-                run(tr, support.subset(ds, slice(0, 1)), 1)  # warm: optimizer state and graphs exist
+                run(tr, support.subset(ds, slice(0, 1)), 1)
                 times, way_out, trained = run(tr, ds, k)
             expect("CANCEL-07", trained == k, f"stopped after {trained}, not {k}")
-            # the interval before callback k: the call's start and micro-batch 1's compute, or
-            # micro-batch k-1's debt (paid before the next compute) and micro-batch k's compute
-            before = times[k] - times[k - 1]
-            owed = before * (1 - duty) / duty if k == 1 else before * (1 - duty)
+            # at the cancel the limiter owes at least the debt of one fastest micro-batch
+            owed = unit * (1 - duty) / duty
             if k == 2:
-                first = times[1] - times[0]
+                # between callbacks 1 and 2: micro-batch 1's debt (paid before the next compute),
+                # then micro-batch 2's compute: about 50 units, 1 or a few if the debt was not paid
+                before = times[2] - times[1]
                 expect(
                     "CANCEL-07",
-                    before > 0.5 * first / duty,
-                    f"duty {duty}: {before * 1e3:.1f} ms between two callbacks, but the first micro-batch "
-                    f"took {first * 1e3:.1f} ms: its debt was not paid before the next compute",
+                    before > 0.2 * owed,
+                    f"duty {duty}: {before * 1e3:.1f} ms between two callbacks, where a micro-batch takes "
+                    f"{unit * 1e3:.1f} ms and its debt is {owed * 1e3:.1f} ms: the debt was not paid",
                 )
             expect(
                 "CANCEL-07",
                 way_out < 0.5 * owed,
                 f"duty {duty}, stop at {k}: {way_out * 1e3:.1f} ms from the cancel to the return, "
-                f"with about {owed * 1e3:.1f} ms of debt owed",
+                f"with at least {owed * 1e3:.1f} ms of debt owed",
             )
 
 
