@@ -189,3 +189,24 @@ def test_parallel_certification_gives_the_results_of_a_sequential_one(tmp_path):
     one, two = packages
     assert len(one["cases"]) == len(two["cases"]) > 0
     assert results.comparable(one) == results.comparable(two)
+
+
+def test_the_covered_gate_says_what_it_accepted_short_of_a_pass(tmp_path, capsys):
+    """--gate covered lets "not supported" and "expected failure" through, and prints each."""
+    from retro.conformance import cli
+
+    statuses = {"BASE-01": "pass", "BASE-02": "not supported", "BASE-03": "expected failure", "CANCEL-01": "fail"}
+    res = {
+        "verdict": {"cpu": "not certified"},
+        "selected": list(statuses),
+        "clauses": {c: {"cpu": s} for c, s in statuses.items()},
+        "clause_details": {c: {"cpu": f"why {c}"} for c in statuses},
+        "cases": [{"clauses": list(statuses)}],
+    }
+    assert cli._summarize(res, tmp_path, "covered") == 1
+    out, err = capsys.readouterr()
+    assert "gate covered accepts: cpu: BASE-02 not supported (why BASE-02)" in out
+    assert "gate covered accepts: cpu: BASE-03 expected failure (why BASE-03)" in out
+    assert not [line for line in out.splitlines() if "BASE-01" in line] and "gate: cpu: CANCEL-01 fail" in err
+    res["clauses"]["CANCEL-01"]["cpu"] = "pass"
+    assert cli._summarize(res, tmp_path, "covered") == 0
