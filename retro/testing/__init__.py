@@ -1,8 +1,8 @@
 """Helpers for tests of retro and of code built on it: tiny deterministic models, upstream's own
-training loop as an oracle, a numpy reference of the tiny model's training math (``reference``),
-and probes of native state."""
+training loop as an oracle, a numpy reference of the tiny model's training math
+(``retro.testing.reference``, imported on its own: it needs the conformance extra's autograd), and
+probes of native state."""
 
-from . import reference
 from .models import TinyLlamaSpec, write_tiny_llama
 from .oracle import upstream_epoch
 from .probes import (
@@ -28,7 +28,6 @@ __all__ = [
     "live_allocations",
     "micro_batch",
     "packed_batch",
-    "reference",
     "sparse_targets",
     "topology_walk",
     "upstream_epoch",

@@ -1,13 +1,18 @@
 """An oracle of the training math that shares nothing with ggml: the tiny llama of
 :func:`write_tiny_llama` evaluated in float64 numpy from the GGUF file (read by the ``gguf``
-package), its loss for token, weighted and top-k targets as the datasets define it, and central
-finite differences of that loss along a direction. A check compares the gradient a training step
-applied with these directional derivatives, tensor by tensor."""
+package), its loss for token, weighted and top-k targets as the datasets define it, the exact
+gradient of that loss by reverse-mode differentiation of the numpy code (the ``autograd``
+package), and central finite differences along a direction (which hold the gradient itself to
+account). A check compares the gradient a training step applied with these, tensor by tensor."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import autograd  # type: ignore[import-untyped]
+import autograd.numpy as anp  # type: ignore[import-untyped]
 import gguf
 import numpy as np
 import numpy.typing as npt
@@ -26,24 +31,33 @@ def read_weights(path: Path) -> dict[str, Array]:
     return out
 
 
-def _rms(x: Array, gain: Array) -> Array:
-    out: Array = x / np.sqrt((x * x).mean(-1, keepdims=True) + RMS_EPS) * gain
-    return out
+# The forward pass is written in autograd's numpy (anp, the same functions traced) and never
+# writes into an array, so that its gradient is exact: no step size, no float32.
 
 
-def _rope(x: Array, positions: Array) -> Array:
+def read_heads(path: Path) -> dict[str, int]:
+    """The attention heads of the file's llama (the keyword arguments of logits, loss, gradient)."""
+    fields = gguf.GGUFReader(path).fields
+    return {
+        "n_head": int(fields["llama.attention.head_count"].contents()),
+        "n_head_kv": int(fields["llama.attention.head_count_kv"].contents()),
+    }
+
+
+def _rms(x: Any, gain: Any) -> Any:
+    return x / anp.sqrt((x * x).mean(-1, keepdims=True) + RMS_EPS) * gain
+
+
+def _rope(x: Any, positions: Array) -> Any:
     """llama's rotary embedding (the "normal" kind: adjacent pairs rotate), x: (tokens, heads, dim)."""
     dim = x.shape[-1]
     angle = positions[:, None] * ROPE_BASE ** (-np.arange(0, dim, 2) / dim)[None, :]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
-    return out
+    return anp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape)
 
 
-def logits(w: dict[str, Array], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: int) -> Array:
+def logits(w: dict[str, Any], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: int) -> Any:
     """The causal forward pass of one window: logits (tokens, vocab)."""
     x = w["token_embd.weight"][np.asarray(tokens)]
     n, embd = x.shape
@@ -57,26 +71,37 @@ def logits(w: dict[str, Array], tokens: npt.ArrayLike, *, n_head: int, n_head_kv
         k = _rope((h @ w[f"blk.{i}.attn_k.weight"].T).reshape(n, n_head_kv, dim), positions)
         v = (h @ w[f"blk.{i}.attn_v.weight"].T).reshape(n, n_head_kv, dim)
         group = n_head // n_head_kv
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(dim) + future
-        scores = np.exp(scores - scores.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
-        x = x + np.einsum("hts,shd->thd", scores, v).reshape(n, embd) @ w[f"blk.{i}.attn_output.weight"].T
+        k, v = anp.repeat(k, group, axis=1), anp.repeat(v, group, axis=1)
+        scores = anp.einsum("thd,shd->hts", q, k) / np.sqrt(dim) + future
+        scores = anp.exp(scores - scores.max(-1, keepdims=True))
+        scores = scores / scores.sum(-1, keepdims=True)
+        x = x + anp.einsum("hts,shd->thd", scores, v).reshape(n, embd) @ w[f"blk.{i}.attn_output.weight"].T
         h = _rms(x, w[f"blk.{i}.ffn_norm.weight"])
         gate, up = h @ w[f"blk.{i}.ffn_gate.weight"].T, h @ w[f"blk.{i}.ffn_up.weight"].T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[f"blk.{i}.ffn_down.weight"].T
-    result: Array = _rms(x, w["output_norm.weight"]) @ w["output.weight"].T
-    return result
+        x = x + (gate / (1.0 + anp.exp(-gate)) * up) @ w[f"blk.{i}.ffn_down.weight"].T
+    return _rms(x, w["output_norm.weight"]) @ w["output.weight"].T
+
+
+def _loss(w: dict[str, Any], tokens: npt.ArrayLike, targets: Array, n_head: int, n_head_kv: int) -> Any:
+    z = logits(w, tokens, n_head=n_head, n_head_kv=n_head_kv)
+    z = z - z.max(-1, keepdims=True)
+    log_p = z - anp.log(anp.exp(z).sum(-1, keepdims=True))
+    return -(targets * log_p).sum() / len(targets)
 
 
 def loss(w: dict[str, Array], tokens: npt.ArrayLike, targets: Array, *, n_head: int, n_head_kv: int) -> float:
     """The mean over the window's tokens of the cross-entropy against each token's target row
     (tokens, vocab): a one-hot label times its weight, or a top-k row of weights (which need not
     sum to one; an all-zero row is a masked token)."""
-    z = logits(w, tokens, n_head=n_head, n_head_kv=n_head_kv)
-    z = z - z.max(-1, keepdims=True)
-    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    return float(-(targets * log_p).sum() / len(log_p))
+    return float(_loss(w, tokens, targets, n_head, n_head_kv))
+
+
+def gradient(
+    w: dict[str, Array], tokens: npt.ArrayLike, targets: Array, *, n_head: int, n_head_kv: int
+) -> dict[str, Array]:
+    """The gradient of :func:`loss` with respect to every tensor of w, exact in float64."""
+    grads: dict[str, Array] = autograd.grad(_loss)(w, tokens, targets, n_head, n_head_kv)
+    return grads
 
 
 def target_rows(n_vocab: int, ids: npt.ArrayLike, weights: npt.ArrayLike) -> Array:
@@ -107,3 +132,51 @@ def directional_derivative(
     behind[name] = w[name] - step * direction
     heads = {"n_head": n_head, "n_head_kv": n_head_kv}
     return (loss(ahead, tokens, targets, **heads) - loss(behind, tokens, targets, **heads)) / (2 * step)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Random targets of one kind for windows of tokens: as the binding's dataset, and as the
+    target rows numpy's loss takes."""
+
+    kind: str  # "token", "weighted" or "top-k"
+    tokens: npt.NDArray[np.int32]  # (windows, width)
+    ids: npt.NDArray[np.int32]  # (windows, width), or (windows, width, k) for top-k
+    weights: npt.NDArray[np.float32] | None  # the shape of ids; None for token targets
+
+    def dataset(self, windows: slice = slice(None)) -> Any:
+        """The windows as a TokenDataset, WeightedDataset or TopKDataset."""
+        import retro
+
+        tokens, ids = np.ascontiguousarray(self.tokens[windows]), np.ascontiguousarray(self.ids[windows])
+        if self.weights is None:
+            return retro.TokenDataset(tokens, ids)
+        weights = np.ascontiguousarray(self.weights[windows])
+        return (retro.WeightedDataset if self.kind == "weighted" else retro.TopKDataset)(tokens, ids, weights)
+
+    def rows(self, window: int, n_vocab: int) -> Array:
+        """Numpy's target rows (width, vocab) of one window."""
+        weights = np.ones(self.ids.shape[1]) if self.weights is None else self.weights[window]
+        return target_rows(n_vocab, self.ids[window], weights)
+
+
+def random_targets(kind: str, n_windows: int, width: int, n_vocab: int, rng: np.random.Generator) -> Targets:
+    """Token targets; weighted ones (weights 0, 0.5, 1 and 2); or top-k ones with k = 4 whose
+    first two ids repeat at every position, rows summing to 1, to less (every third token) and
+    masked (every seventh)."""
+    tokens = rng.integers(0, n_vocab, size=(n_windows, width), dtype=np.int32)
+    if kind == "token":
+        return Targets(kind, tokens, rng.integers(0, n_vocab, size=(n_windows, width), dtype=np.int32), None)
+    if kind == "weighted":
+        ids = rng.integers(0, n_vocab, size=(n_windows, width), dtype=np.int32)
+        weights = rng.choice(np.array([0.0, 0.5, 1.0, 2.0], np.float32), size=(n_windows, width)).astype(np.float32)
+        return Targets(kind, tokens, ids, weights)
+    if kind != "top-k":
+        raise ValueError(f"unknown target kind {kind!r}")
+    k = 4
+    ids = rng.integers(0, n_vocab, size=(n_windows, width, k), dtype=np.int32)
+    ids[..., 1] = ids[..., 0]  # a repeated id adds its weights
+    weights = rng.dirichlet(np.ones(k), size=(n_windows, width)).astype(np.float32)
+    weights[:, ::3] *= 0.5
+    weights[:, ::7] = 0.0
+    return Targets(kind, tokens, ids, weights)
