@@ -54,6 +54,8 @@ def _close_all_at_exit() -> None:
     for handle in sorted(list(_open), key=lambda h: h._exit_order):
         with contextlib.suppress(RetroError):
             handle.close()
+    # from here no call releases the GIL: one that starts now (on a closed object) fails holding it
+    _native.set_exiting()
     # a call that was waiting for a close returns now, with the GIL still to be had: it is
     # given the GIL (sleeping releases it) until it has taken it back and left native code
     deadline = time.monotonic() + EXIT_WAIT_S

@@ -52,6 +52,7 @@ void bind_runtime(py::module_ & m) {
     // (ggml contexts, backend buffers) alive in the process, counted where ggml makes and frees them
     m.def("live_allocations", []() { return py::make_tuple(ggml_live_contexts(), ggml_backend_live_buffers()); });
     m.def("calls_in_flight", []() { return InFlight::count().load(); });
+    m.def("set_exiting", []() { exiting() = true; });
     // [(buffer type, bytes its live buffers hold)] over every registered device's buffer types
     m.def("live_buffer_bytes", []() { return live_buffer_bytes(); });
     m.def("devices", &devices);

@@ -37,11 +37,28 @@ public:
     }
 };
 
+// Set at interpreter exit once retro has closed everything (retro/_handle.py), before it waits for
+// the calls in flight: a call that starts later (on a closed object: it fails at once) keeps the
+// GIL, so no thread can enter native code after that wait and ask for the GIL back mid-finalization.
+inline std::atomic<bool> & exiting() {
+    static std::atomic<bool> flag{false};
+    return flag;
+}
+
 // The GIL released for native work, and counted (members are destroyed in reverse: the GIL is
-// taken back before the count drops). Every release in the binding is one of these.
+// taken back before the count drops). Every release in the binding is one of these. The flag is
+// read with the GIL held, as exit sets it: a call either counts before the wait or keeps the GIL.
 class WithoutGil {
+public:
+    WithoutGil() {
+        if (!exiting().load()) {
+            release_.emplace();
+        }
+    }
+
+private:
     InFlight in_flight_;
-    pybind11::gil_scoped_release release_;
+    std::optional<pybind11::gil_scoped_release> release_;
 };
 
 // The context's call guard (native/core/call_guard.h), waited for without the GIL: the call it
