@@ -76,11 +76,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--clauses", default=None, help="run only checks citing a clause with one of these comma-separated prefixes"
     )
     g.addoption("--only-cases", default=None, help="run only the node ids listed in this file (one per line)")
+    g.addoption(
+        "--paths-report",
+        default=None,
+        help="write the paths the collected checks drive, per clause, to this JSON file (registry.undriven)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves"
+    )
+    config.addinivalue_line(
+        "markers",
+        "drives(*paths): paths (name=value) a check drives inside each of its cases rather than as a parameter",
     )
     from retro._native import hooks
 
@@ -149,6 +158,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if params:
             case += f"[{','.join(params)}]"
         item.stash[_META] = CaseMeta(case, list(marker.args), variant)
+    report = config.getoption("--paths-report")
+    if report:
+        Path(report).write_text(json.dumps(_driven_paths(items), indent=1, sort_keys=True), encoding="utf-8")
+
+
+def _driven_paths(items: list[pytest.Item]) -> dict[str, list[str]]:
+    """Per clause, the paths its checks drive: their parameters (name=value) and their drives marks."""
+    driven: dict[str, set[str]] = {}
+    for item in items:
+        meta = item.stash.get(_META, None)
+        if meta is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        paths = {f"{k}={v}" for k, v in (callspec.params.items() if callspec else ()) if k != "backend"}
+        for mark in item.iter_markers("drives"):
+            paths.update(mark.args)
+        for clause in meta.clauses:
+            driven.setdefault(clause, set()).update(paths)
+    return {c: sorted(p) for c, p in driven.items()}
 
 
 @pytest.fixture

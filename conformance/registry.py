@@ -32,6 +32,8 @@ DEFECT_GRAMMAR = ID_GRAMMAR + r"(?:\.[a-z0-9-]+)?"
 ID_PATTERN = re.compile(f"^{ID_GRAMMAR}$")
 ID_IN_TEXT = re.compile(rf"\b{ID_GRAMMAR}\b")
 DEFECT_PATTERN = re.compile(rf"^(?P<clause>{ID_GRAMMAR})(?:\.[a-z0-9-]+)?$")
+#: a path of a clause (Clause.paths): a check parameter and its value, as a case id writes them
+PATH_PATTERN = re.compile(r"^[a-z_]+=[^,\[\]]+$")
 #: the registry, one file per seed (clauses/), in this order
 REGISTRY_FILES = ("training.toml", "transactions.toml", "harness.toml")
 #: what a clause's checks prove: the binding (and the fork), or the harness's own code alone
@@ -49,6 +51,9 @@ class Clause:
     reading: str = ""  # the reading the suite chose where the clause leaves one open, and why
     unimplemented: str = ""  # parts of the clause the binding does not implement (reported, never passed)
     subject: str = "binding"  # SUBJECTS: "harness" for a clause whose checks run none of the binding
+    # the paths the clause names, each of which some check citing it must drive: "name=value", a
+    # parameter of a check (its case id shows it), or one a check declares with @pytest.mark.drives
+    paths: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -87,7 +92,9 @@ def clauses() -> dict[str, Clause]:
     for name in REGISTRY_FILES:
         data = _load("clauses", name)
         for raw in data["clause"]:
-            c = Clause(**raw)
+            c = Clause(**{**raw, "paths": tuple(raw.get("paths", ()))})
+            if any(not PATH_PATTERN.match(p) for p in c.paths):
+                raise ValueError(f"clauses/{name}: {c.id}: a path is name=value, not {c.paths}")
             if not ID_PATTERN.match(c.id):
                 raise ValueError(f"clauses/{name}: malformed clause id {c.id!r}")
             if c.id in out:
@@ -158,3 +165,14 @@ def select(patterns: list[str] | None) -> list[str]:
     if not patterns:
         return ids
     return [i for i in ids if any(i == p or (p not in ids and i.startswith(p)) for p in patterns)]
+
+
+def undriven(driven: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The paths each clause names that no check citing it drives, given what the checks drive
+    per clause (the plugin's --paths-report): empty when every named path is driven."""
+    out = {}
+    for cid, c in clauses().items():
+        missing = [p for p in c.paths if p not in driven.get(cid, set())]
+        if missing:
+            out[cid] = missing
+    return out

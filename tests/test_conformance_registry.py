@@ -84,3 +84,37 @@ def test_nmse_is_test_backend_ops_measure() -> None:
     assert nmse(e + np.array([0.0, 0.0, 3.0]), e) == pytest.approx(1.0)  # 9 / 9
     assert nmse(np.zeros(2), np.zeros(2)) == 0.0
     assert nmse(np.ones(2), np.zeros(3)) == float("inf")
+
+
+def test_every_path_a_clause_names_is_driven_by_a_check_citing_it(tmp_path):
+    """Clause.paths (clauses/*.toml): each is a parameter of a check citing the clause, or a path
+    the check declares with @pytest.mark.drives; collected as a certification collects them."""
+    import subprocess
+    import sys
+
+    from retro.conformance import cli
+
+    report = tmp_path / "paths.json"
+    cases = Path(cli.__file__).parent / "cases"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", str(cases), "-c", str(cli.INI), "--rootdir", str(cases.parent), "-q"),
+            *("--import-mode=importlib", "-p", "retro.conformance.plugin", "--backend=cpu", "--no-defects"),
+            *("--collect-only", f"--paths-report={report}"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    driven = {c: set(p) for c, p in json.loads(report.read_text(encoding="utf-8")).items()}
+    assert registry.undriven(driven) == {}
+    assert sum(len(c.paths) for c in registry.clauses().values()) >= 40
+    # and the rule itself: a path no citing check drives is named
+    some = next(c for c in registry.clauses().values() if c.paths)
+    assert registry.undriven({**driven, some.id: set(some.paths[1:])}) == {some.id: [some.paths[0]]}
+
+
+def test_a_path_is_a_name_and_a_value():
+    assert registry.PATH_PATTERN.match("head=fused") and registry.PATH_PATTERN.match("value=-inf")
+    assert not registry.PATH_PATTERN.match("fused") and not registry.PATH_PATTERN.match("a=b,c=d")

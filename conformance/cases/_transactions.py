@@ -146,11 +146,14 @@ def fails_closed(ctx: retro.Context, calls: list, tokens: list[int] = TOKENS) ->
     return err.value.failure.message
 
 
-def steer(vector: np.ndarray, *, poison_last: bool = False, then_raise: bool = False):
+def steer(vector: np.ndarray, *, poison_last: float | None = None, then_raise: bool = False):
+    """A handler adding `vector` to each row; then writing `poison_last` (a non-finite value) into
+    the last element, or raising."""
+
     def handler(t: Transaction) -> None:
         t.data += vector
-        if poison_last:
-            t.data[-1, -1] = np.nan
+        if poison_last is not None:
+            t.data[-1, -1] = poison_last
         if then_raise:
             raise RuntimeError("after editing")
 

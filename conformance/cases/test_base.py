@@ -284,6 +284,7 @@ def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed
 
 
 @pytest.mark.clause("BASE-01", "BASE-03", "HOST-08")
+@pytest.mark.drives("kind=top-k")
 @pytest.mark.parametrize("head", ["dense", "fused"])
 def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_path, seed, head):
     """Top-k targets (k 4) that repeat an id at every position, with rows summing to 1, to less

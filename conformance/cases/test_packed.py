@@ -82,6 +82,7 @@ def _copy(ds: retro.PackedDataset) -> retro.PackedDataset:
 
 
 @pytest.mark.clause("HOST-01")
+@pytest.mark.drives("kind=packed")
 def test_packed_arrays_are_read_in_place_and_not_kept(backend, model_path, seed):
     """A progress callback rewrites the second window's tokens and weights in the caller's own
     arrays after the first window's micro-batch: the run equals a run on the rewritten arrays (a

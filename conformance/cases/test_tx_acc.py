@@ -154,10 +154,12 @@ def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded):
 
 
 @pytest.mark.clause("TX-ACC-09")
-def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed):
+@pytest.mark.parametrize("value", ["nan", "+inf", "-inf"])
+def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, value):
     """Adding a steering vector to result_norm changes the logits to exactly what numpy computes
-    from the unsteered result_norm and the output weights (added once); a copy with one NaN,
-    anywhere, is not written: llama.cpp's sequence state is the untouched decode's."""
+    from the unsteered result_norm and the output weights (added once); a copy with one non-finite
+    value (NaN, +Inf or -Inf) in its last row is not written: llama.cpp's sequence state is the
+    untouched decode's."""
     model, profile = loaded
     v = np.random.default_rng(seed).normal(0, 0.5, model.n_embd).astype(np.float32)
     with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
@@ -170,12 +172,12 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed):
         np.testing.assert_allclose(steered, reference, rtol=1e-4, atol=1e-4, err_msg="steered logits")
     untouched = plain_state(model, TOKENS)
     sel = [profile.select("attn_norm-0", access="mutable-f32")]
-    with tx_context(model, profile, sel, steer(v, poison_last=True)) as ctx:
+    with tx_context(model, profile, sel, steer(v, poison_last=float(value))) as ctx:
         with bound("TX-ACC-09"), pytest.raises(retro.TensorCallbackError):
             ctx.decode(TOKENS)
         failure = ctx.transaction_failure
         expect("TX-ACC-09", failure is not None and failure.kind == "non-finite", f"failed as {failure}")
-        expect("TX-ACC-09", ctx.sequence_state() == untouched, "a copy holding a NaN was written back")
+        expect("TX-ACC-09", ctx.sequence_state() == untouched, f"a copy holding {value} was written back")
 
 
 @pytest.mark.clause("TX-ACC-10")
@@ -185,7 +187,7 @@ def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
     model, profile = loaded
     v = np.full(model.n_embd, 0.25, np.float32)
     untouched = plain_state(model, TOKENS)
-    for how in ({"then_raise": True}, {"poison_last": True}):
+    for how in ({"then_raise": True}, {"poison_last": float("nan")}):
         sel = [profile.select("attn_norm-0", access="mutable-f32")]
         with tx_context(model, profile, sel, steer(v, **how)) as ctx:
             with pytest.raises(retro.TensorCallbackError):

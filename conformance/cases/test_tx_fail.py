@@ -91,6 +91,32 @@ def test_the_first_failure_is_reported_and_sticks(backend, loaded):
         expect("TX-FAIL-06", len(calls) == 3, f"the handler ran {len(calls)} times in the generation")
 
 
+@pytest.mark.clause("TX-FAIL-06")
+@pytest.mark.parametrize("then", ["decode", "generate", "speculative", "reset"])
+def test_the_first_failure_refuses_every_later_call(backend, loaded, then):
+    """After a decode whose handler raised, a later call of each kind is refused with that first
+    failure, runs nothing and calls no handler: a decode, a plain generation, a speculative one
+    (the draft's context has no transactions; the target's failed; it starts on empty
+    sequences, so after a reset), and a decode after reset(), which clears the sequence but not
+    the context's failure."""
+    model, profile = loaded
+    handler, calls = raise_at(0, lambda: ValueError("the first failure"))
+    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx, plain_context(model) as draft:
+        with pytest.raises(retro.TensorCallbackError):
+            ctx.decode(TOKENS)
+        if then in ("reset", "speculative"):
+            ctx.reset()
+        length = ctx.sequence_length
+        with bound("TX-FAIL-06"), pytest.raises(retro.TensorCallbackError) as again:
+            if then in ("decode", "reset"):
+                ctx.decode(TOKENS[:2])
+            else:
+                ctx.generate(TOKENS[:2], 3, stop_at_eog=False, draft=draft if then == "speculative" else None)
+        expect("TX-FAIL-06", "the first failure" in str(again.value), f"{then}: refused with {again.value}")
+        expect("TX-FAIL-06", len(calls) == 1, f"{then}: the handler ran {len(calls)} times")
+        expect("TX-FAIL-06", ctx.sequence_length == length, f"{then}: the refused call ran")
+
+
 @pytest.mark.clause("HARNESS-04")
 def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, tmp_path, seed):
     """A 3-micro-batch decode with two selected nodes, and a speculative generation whose target

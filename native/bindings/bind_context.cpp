@@ -308,6 +308,9 @@ void bind_context(py::module_ & m) {
                 Busy busy(self);
                 llama_memory_clear(llama_get_memory(self.get()), true);
                 self.n_past = 0;
+                if (self.transactions && retro_defect_on(RETRO_DEFECT_TX_FAIL_06_RESET)) {
+                    self.transactions->forget_failure();  // seeded defect: a reset starts the transactions afresh
+                }
             });
 }
 

@@ -308,7 +308,8 @@ bool Transactions::data(ggml_tensor * t) {
             } else {
                 const int64_t checked = defect(RETRO_DEFECT_TX_ACC_09) ? rowlen : n;  // seeded defect: first row only
                 for (int64_t j = 0; j < checked; ++j) {
-                    if (!std::isfinite(v[j])) {
+                    // seeded defect TX-ACC-09.nan-only: the finiteness test is a NaN test
+                    if (defect(RETRO_DEFECT_TX_ACC_09_NAN_ONLY) ? std::isnan(v[j]) : !std::isfinite(v[j])) {
                         fail({"non-finite", t->name, "",
                               "the handler left a non-finite value at row " + std::to_string(j / rowlen) +
                                       ", element " + std::to_string(j % rowlen) + ": nothing was written back",
