@@ -214,26 +214,30 @@ def test_an_sgd_step_read_back_matches_numpy(backend, model_path, seed):
             np.testing.assert_allclose(w1[name], expected, rtol=0, atol=1e-6, err_msg=f"{name}: w1 vs numpy's SGD step")
 
 
-#: per weight, the SGD step applied (w_before - w_after) / lr against numpy's gradient, as
-#: ||applied - gradient|| / ||gradient||: float32 compute against float64 (measured at most 2.5e-4
-#: on the CPU, an RMS-norm gain, and 5.3e-4 on Vulkan (lavapipe); the defects read 4e-2 and more)
-GRADIENT_REL = 2e-3
+#: per weight, the gradient accumulated over a period (read back) against numpy's, as
+#: ||accumulated - numpy|| / ||numpy||: float32 compute (and an f16 KV cache in micro-batches)
+#: against float64. Measured on the CPU: 1e-6 in whole windows, 3.6e-4 in micro-batches; on
+#: Vulkan (lavapipe) 5.3e-4 and 1.4e-3. The seeded defects read 2.9e-2 and more.
+GRADIENT_REL = 5e-3
 
 
-def _steps_against_numpy(backend, model_path, seed, kind, head, clauses):
-    """Two SGD steps of an accumulation period of 2 windows each, one call per period: each step
-    must move every trained weight by lr times the mean of its period's gradients as numpy
-    computes them (in float64, from the weights the step started from), asserted for `clauses`;
-    the first step starts from the file's weights and the gradient accumulators read back are the
-    steps taken (BASE-03)."""
+def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clauses):
+    """Two SGD steps of an accumulation period of 2 windows each, one call per period: the
+    gradient each step applied must be the mean of its period's gradients as numpy computes them
+    (in float64, from the weights the step started from), asserted for `clauses`, and the step
+    must move every weight by lr times it. In micro-batches shorter than the window (n_ubatch <
+    n_ctx) the pinned llama.cpp trains through the KV cache, through which no gradient flows (the
+    K and V projections get none): numpy's gradient is then taken with K and V held constant.
+    The first step starts from the file's weights (BASE-03)."""
     lr, period = 1.0, 2
     heads = reference.read_heads(model_path)
     rng = np.random.default_rng(seed + 50)
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
-        n_vocab = model.n_vocab
-        targets = reference.random_targets(kind, 2 * period, ctx.n_ctx, n_vocab, rng)
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=n_ubatch) as ctx:
+        n_vocab, n_ctx = model.n_vocab, ctx.n_ctx
+        targets = reference.random_targets(kind, 2 * period, n_ctx, n_vocab, rng)
         w0 = model.parameters()
-        with retro.Trainer(ctx, optimizer=retro.SGD(lr=lr), accumulation=period, head=head) as tr:
+        accumulation = period * (n_ctx // n_ubatch)
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=lr), accumulation=accumulation, head=head) as tr:
             steps: list[tuple[dict, dict, dict]] = []
             for first in (0, period):
                 before = w0 if not steps else steps[-1][1]
@@ -243,51 +247,63 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, clauses):
     with bound("BASE-03"):  # the first step's start, read back, must be the file's tensors
         support.assert_params_equal(w0, support.file_tensors(model_path), backend, "read-back vs the model file")
     worst = (0.0, "")
+    what = f"{kind} targets, {head} head, n_ubatch {n_ubatch}"
     for i, (before, after, accumulators) in enumerate(steps):
         start = {n: a.astype(np.float64) for n, a in before.items()}
         windows = range(i * period, (i + 1) * period)
-        grads = [reference.gradient(start, targets.tokens[j], targets.rows(j, n_vocab), **heads) for j in windows]
+        grads = [
+            reference.gradient(start, targets.tokens[j], targets.rows(j, n_vocab), **heads, cached_kv=n_ubatch < n_ctx)
+            for j in windows
+        ]
         for name in sorted(before):
-            applied = (before[name].astype(np.float64) - after[name]) / lr
+            moved = bool(np.any(before[name] != after[name]))
             if name in support.INPUT_LAYER:  # never trained by the pinned llama.cpp
-                expect("BASE-01", not applied.any(), f"step {i + 1}: {name} was trained")
+                expect("BASE-01", not moved, f"step {i + 1}: {name} was trained")
                 continue
             want = sum(g[name] for g in grads) / period
-            rel = float(np.linalg.norm(applied - want) / np.linalg.norm(want))
+            acc = accumulators[name]
+            if not np.any(want):  # K and V through the KV cache: no gradient, no step
+                for clause in clauses:
+                    expect(clause, not moved and (acc is None or not np.any(acc)), f"{what}: {name} got a gradient")
+                continue
+            with bound("BASE-03"):
+                assert acc is not None, f"step {i + 1}: {name} has no gradient accumulator"
+            if acc is None:
+                continue
+            rel = float(np.linalg.norm(acc - want) / np.linalg.norm(want))
             worst = max(worst, (rel, f"step {i + 1}, {name}"))
+            applied = bool(np.allclose(after[name], before[name] - lr * acc, rtol=0, atol=1e-6))
             for clause in clauses:
                 expect(
                     clause,
                     rel <= GRADIENT_REL,
-                    f"{kind} targets, {head} head, step {i + 1}: {name} moved by a gradient {rel:.2e} "
-                    f"(relative) from numpy's",
+                    f"{what}, step {i + 1}: {name} accumulated a gradient {rel:.2e} (relative) from numpy's",
                 )
-            acc = accumulators[name]
-            with bound("BASE-03"):
-                assert acc is not None, f"step {i + 1}: {name} has no gradient accumulator"
-                np.testing.assert_allclose(
-                    after[name], before[name] - lr * acc, rtol=0, atol=1e-6, err_msg=f"{name}: accumulator vs step"
-                )
+                expect(clause, applied, f"{what}, step {i + 1}: {name} was not moved by lr times its gradient")
     measure("gradient against numpy", worst_relative_error=worst[0], where=worst[1], kind=kind, head=head)
 
 
 @pytest.mark.clause("BASE-01", "BASE-03")
+@pytest.mark.parametrize("n_ubatch", [256, 64])
 @pytest.mark.parametrize("head", ["dense", "fused"])
 @pytest.mark.parametrize("kind", ["token", "weighted"])
-def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed, kind, head):
+def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed, kind, head, n_ubatch):
     """Each step applies its own period's gradient, as an oracle that shares nothing with ggml
     computes it (retro.testing.reference: the llama forward pass in numpy, differentiated by
-    autograd), for token and weighted targets (weights 0, 0.5, 1 and 2) on both heads; on every
-    backend against numpy itself, not through the CPU. A wrong backward kernel or expansion, which
-    every comparison of retro with retro, with upstream's loop or with the CPU would share, shows here."""
-    _steps_against_numpy(backend, model_path, seed, kind, head, ("BASE-01",))
+    autograd), for token and weighted targets (weights 0, 0.5, 1 and 2) on both heads, in whole
+    windows and in micro-batches of a quarter window; on every backend against numpy itself, not
+    through the CPU. A wrong backward kernel or expansion, which every comparison of retro with
+    retro, with upstream's loop or with the CPU would share, shows here."""
+    _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, ("BASE-01",))
 
 
 @pytest.mark.clause("BASE-01", "BASE-03", "HOST-08")
 @pytest.mark.drives("kind=top-k")
+@pytest.mark.parametrize("n_ubatch", [256, 64])
 @pytest.mark.parametrize("head", ["dense", "fused"])
-def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_path, seed, head):
+def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_path, seed, head, n_ubatch):
     """Top-k targets (k 4) that repeat an id at every position, with rows summing to 1, to less
     and masked: each step applies numpy's gradient over the rows with the repeated ids' weights
-    summed, on both heads (HOST-08), and that gradient is its own period's (BASE-01)."""
-    _steps_against_numpy(backend, model_path, seed, "top-k", head, ("BASE-01", "HOST-08"))
+    summed, on both heads (HOST-08), and that gradient is its own period's (BASE-01); in
+    micro-batches of a quarter window too, where each reads its own stretch of the k targets."""
+    _steps_against_numpy(backend, model_path, seed, "top-k", head, n_ubatch, ("BASE-01", "HOST-08"))

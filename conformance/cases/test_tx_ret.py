@@ -73,13 +73,19 @@ def test_a_failed_internal_decode_discards_only_its_own_staging(backend, loaded)
     expect("TX-RET-03", covered == {0: [0, 1, 2], 1: [3], 2: [4]}, f"committed: {covered}")
 
 
+#: a node with a row per token of the decode, and one with a row per output
+RETAINED = {"tokens": "l_out-0", "outputs": "result_norm"}
+
+
 @pytest.mark.clause("TX-RET-04")
-def test_undrained_captures_stay_within_their_byte_limit(backend, loaded):
-    """With room for two 4-token decodes of l_out-0, a third is refused before it runs (nothing
+@pytest.mark.parametrize("rows", list(RETAINED))
+def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
+    """With room for two 4-token decodes of a retained node (one with a row per token, one with a
+    row per output: a decode outputs every token), a third is refused before it runs (nothing
     decoded, nothing lost); draining frees the room."""
     model, profile = loaded
     limit = 2 * 4 * model.n_embd * 4
-    sel = [profile.select("l_out-0", retain=True, max_rows=4)]
+    sel = [profile.select(RETAINED[rows], retain=True, max_rows=4)]
     with tx_context(model, profile, sel, retained_limit=limit) as ctx:
         ctx.decode(TOKENS[:4])
         ctx.decode(TOKENS[4:8])

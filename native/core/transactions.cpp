@@ -156,7 +156,8 @@ bool Transactions::begin(int32_t n_tokens) {
     // whose retained rows would take it there
     size_t incoming = 0;
     for (const auto & s : selectors_) {
-        if (s.retain) {
+        // seeded defect TX-RET-04.outputs: the rows of per-output selectors are left out
+        if (s.retain && (s.rows == Rows::Tokens || !defect(RETRO_DEFECT_TX_RET_04_OUTPUTS))) {
             const int64_t rows =
                     s.rows == Rows::Tokens ? (int64_t) batch_.positions.size() : (int64_t) output_positions_.size();
             incoming += (size_t) rows * (size_t) s.row_elements * 4;

@@ -16,6 +16,7 @@ import autograd.numpy as anp  # type: ignore[import-untyped]
 import gguf
 import numpy as np
 import numpy.typing as npt
+from autograd.tracer import getval  # type: ignore[import-untyped]
 
 Array = npt.NDArray[np.float64]
 
@@ -57,8 +58,11 @@ def _rope(x: Any, positions: Array) -> Any:
     return anp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape)
 
 
-def logits(w: dict[str, Any], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: int) -> Any:
-    """The causal forward pass of one window: logits (tokens, vocab)."""
+def logits(w: dict[str, Any], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: int, cached_kv: bool = False) -> Any:
+    """The causal forward pass of one window: logits (tokens, vocab). With `cached_kv`, K and V
+    are constants of the gradient, as when llama.cpp trains a window in micro-batches shorter
+    than the context: each micro-batch writes its K and V into the KV cache and reads them back
+    from there, and no gradient flows through the cache (the values are the same)."""
     x = w["token_embd.weight"][np.asarray(tokens)]
     n, embd = x.shape
     dim = embd // n_head
@@ -70,6 +74,8 @@ def logits(w: dict[str, Any], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: 
         q = _rope((h @ w[f"blk.{i}.attn_q.weight"].T).reshape(n, n_head, dim), positions)
         k = _rope((h @ w[f"blk.{i}.attn_k.weight"].T).reshape(n, n_head_kv, dim), positions)
         v = (h @ w[f"blk.{i}.attn_v.weight"].T).reshape(n, n_head_kv, dim)
+        if cached_kv:
+            k, v = getval(k), getval(v)
         group = n_head // n_head_kv
         k, v = anp.repeat(k, group, axis=1), anp.repeat(v, group, axis=1)
         scores = anp.einsum("thd,shd->hts", q, k) / np.sqrt(dim) + future
@@ -82,8 +88,10 @@ def logits(w: dict[str, Any], tokens: npt.ArrayLike, *, n_head: int, n_head_kv: 
     return _rms(x, w["output_norm.weight"]) @ w["output.weight"].T
 
 
-def _loss(w: dict[str, Any], tokens: npt.ArrayLike, targets: Array, n_head: int, n_head_kv: int) -> Any:
-    z = logits(w, tokens, n_head=n_head, n_head_kv=n_head_kv)
+def _loss(
+    w: dict[str, Any], tokens: npt.ArrayLike, targets: Array, n_head: int, n_head_kv: int, cached_kv: bool = False
+) -> Any:
+    z = logits(w, tokens, n_head=n_head, n_head_kv=n_head_kv, cached_kv=cached_kv)
     z = z - z.max(-1, keepdims=True)
     log_p = z - anp.log(anp.exp(z).sum(-1, keepdims=True))
     return -(targets * log_p).sum() / len(targets)
@@ -97,10 +105,11 @@ def loss(w: dict[str, Array], tokens: npt.ArrayLike, targets: Array, *, n_head: 
 
 
 def gradient(
-    w: dict[str, Array], tokens: npt.ArrayLike, targets: Array, *, n_head: int, n_head_kv: int
+    w: dict[str, Array], tokens: npt.ArrayLike, targets: Array, *, n_head: int, n_head_kv: int, cached_kv: bool = False
 ) -> dict[str, Array]:
-    """The gradient of :func:`loss` with respect to every tensor of w, exact in float64."""
-    grads: dict[str, Array] = autograd.grad(_loss)(w, tokens, targets, n_head, n_head_kv)
+    """The gradient of :func:`loss` with respect to every tensor of w, exact in float64; with
+    `cached_kv`, of a window trained in equal micro-batches through the KV cache (see logits)."""
+    grads: dict[str, Array] = autograd.grad(_loss)(w, tokens, targets, n_head, n_head_kv, cached_kv)
     return grads
 
 
