@@ -64,6 +64,8 @@ class Model(NativeHandle):
                 if i not in offload:
                     raise ValueError(f"no offload device with index {i}; see retro.devices()")
                 idx.append(i)
+        if _checks.seeded("HARNESS-01.gpu-layers") and idx:
+            gl = -1  # seeded defect: the layer count is ignored and every layer is offloaded
         return cls(_native.Model.load(str(p), idx, gl, trainable), p)
 
     # -- properties ---------------------------------------------------------------------------
@@ -114,6 +116,12 @@ class Model(NativeHandle):
     def tensor_devices(self) -> dict[str, str]:
         """The device each weight lives on (its buffer's device name: "CPU", "RPC0", "CUDA0", ...)."""
         return dict(self._h.tensor_devices())
+
+    def tensor_memory(self) -> dict[str, str]:
+        """Whether each weight lives in "host" or "device" memory. A GPU backend may keep the
+        weights of the layers it does not offload in host buffers it pins (tensor_devices names the
+        GPU for them): this says where the bytes are."""
+        return {name: "host" if is_host else "device" for name, (_, is_host) in self._h.tensor_buffers().items()}
 
     @forwarding
     def tensor(self, name: str) -> np.ndarray:

@@ -38,6 +38,7 @@ def _train_and_decode(backend: backends.Backend, path, ds, gpu_layers: int = -1)
 
 
 @pytest.mark.clause("HARNESS-01")
+@pytest.mark.drives(*(f"gpu_layers={n}" for n in PLACEMENTS.values()))
 def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
     with support.load(backend, model_path) as model:
         placed = {n: d for n, d in model.tensor_devices().items() if n not in support.INPUT_LAYER}
@@ -64,6 +65,18 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
 
     if backend.name == "cpu":
         return  # the CPU is the oracle
+    # where each placement's bytes are: a GPU backend names its device for the host buffers it
+    # pins, so the device a weight's buffer names cannot tell no offload from full offload
+    for placement, gpu_layers in PLACEMENTS.items():
+        with support.load(backend, model_path, gpu_layers=gpu_layers) as placed_model:
+            memory = {n: m for n, m in placed_model.tensor_memory().items() if n not in support.INPUT_LAYER}
+        on_device = sum(m == "device" for m in memory.values())
+        held = {"no offload": on_device == 0, "partial offload": 0 < on_device < len(memory)}
+        expect(
+            "HARNESS-01",
+            held.get(placement, on_device == len(memory)),
+            f"{placement} (gpu_layers {gpu_layers}): {on_device} of {len(memory)} weights in device memory",
+        )
     ds = support.windows(8, 256, 512, seed)
     on_cpu = _train_and_decode(support.CPU, model_path, ds)
     for placement, gpu_layers in PLACEMENTS.items():

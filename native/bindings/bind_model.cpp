@@ -142,6 +142,20 @@ void bind_model(py::module_ & m) {
                      }
                      return out;
                  })
+            .def("tensor_buffers",
+                 [](const Model & self) {
+                     // what memory each weight lives in: its buffer type's name, and whether that is
+                     // host memory (a backend may name its GPU device for pinned host buffers)
+                     py::dict out;
+                     for (int32_t i = 0; i < llama_model_n_tensors(self.get()); ++i) {
+                         const ggml_tensor * t              = llama_model_get_tensor(self.get(), i);
+                         const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+                         ggml_backend_buffer_type_t type    = buffer ? ggml_backend_buffer_get_type(buffer) : nullptr;
+                         out[py::str(ggml_get_name(t))]     = py::make_tuple(type ? ggml_backend_buft_name(type) : "",
+                                                                             type && ggml_backend_buft_is_host(type));
+                     }
+                     return out;
+                 })
             .def("tensor",
                  [](const Model & self, const std::string & name) { return tensor_to_numpy(named_tensor(self, name)); })
             .def("set_tensor",
