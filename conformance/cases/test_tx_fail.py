@@ -17,6 +17,7 @@ from retro.conformance.cases._transactions import (
     DRAFT_NOISE,
     RAISED,
     TOKENS,
+    foreign_profile,
     plain_context,
     plain_state,
     raise_at,
@@ -47,18 +48,27 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
 
 
 @pytest.mark.clause("TX-FAIL-02", "TX-FAIL-03", "TX-FAIL-05")
-def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded):
-    """The handler raises in the first of 3 micro-batches, at the first of two selected nodes:
-    it is never called again, yet every node of every micro-batch was computed (llama.cpp's
-    sequence state equals an untouched decode's) and the tokens stay in the cache."""
+@pytest.mark.parametrize("failure", ["handler", "layout"])
+def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded, failure):
+    """A failure in the first of 3 micro-batches, at the first of two selected nodes: the handler
+    raises there, or the node's layout fails verification (a profile that records it as i32, as a
+    stale one would) before the handler sees it. The handler is never called again, yet every
+    node of every micro-batch was computed (llama.cpp's sequence state equals an untouched
+    decode's) and the tokens stay in the cache."""
     model, profile = loaded
     untouched = plain_state(model, TOKENS)
-    handler, calls = raise_at(0)
+    if failure == "layout":
+        profile = foreign_profile(profile, "attn_norm-0", dtype="i32")
+        handler, calls = raise_at(-1)
+    else:
+        handler, calls = raise_at(0)
     sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
     with tx_context(model, profile, sel, handler) as ctx:
-        with pytest.raises(retro.TensorCallbackError):
+        with pytest.raises(retro.TensorCallbackError) as err:
             ctx.decode(TOKENS)
-        expect("TX-FAIL-03", len(calls) == 1, f"the handler was called {len(calls)} times")
+        expect("TX-FAIL-03", err.value.failure.kind == failure, f"failed as {err.value.failure}")
+        called = 1 if failure == "handler" else 0
+        expect("TX-FAIL-03", len(calls) == called, f"{failure}: the handler was called {len(calls)} times")
         expect("TX-FAIL-02", ctx.sequence_state() == untouched, "the rest of the graph was not computed")
         expect("TX-FAIL-05", ctx.sequence_length == len(TOKENS), f"{ctx.sequence_length} positions after the failure")
         expect("TX-FAIL-05", ctx.n_past == len(TOKENS), f"n_past {ctx.n_past} after the failure")

@@ -271,7 +271,7 @@ bool Transactions::data(ggml_tensor * t) {
     size_t bytes = 0;
     if (auto f = verify(layout, s, wanted, &bytes)) {
         fail(std::move(*f));
-        return !stop_split;
+        return !stop_split && !defect(RETRO_DEFECT_TX_FAIL_02_LAYOUT);  // seeded defect: a layout failure stops
     }
     const int64_t first    = row_offset(s, ubatch);
     const auto & positions = s.rows == Rows::Tokens ? batch_.positions : output_positions_;
