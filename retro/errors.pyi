@@ -62,7 +62,12 @@ class GraphBuildError(BeforeComputeError):
 class AllocationError(BeforeComputeError):
     """The graph of a training step could not be allocated."""
 
-class UnsupportedHeadError(BeforeComputeError):
+class UnsupportedOpError(BeforeComputeError):
+    """No backend of the context can run an op of the training step's graph (a weight type the
+    backward pass has no kernel for, say); the step failed before anything was allocated and the
+    trainer stays usable. Its message names the op, the node and the tensor types."""
+
+class UnsupportedHeadError(UnsupportedOpError):
     """The backend that runs the output layer lacks an op of the fused cross-entropy head; the step
     failed before anything was allocated. Its message names the op and the backend; train with
     the dense head there."""
@@ -79,4 +84,4 @@ class MemoryBudgetError(TrainingError):
     """Refused by Trainer.preflight before anything was allocated or changed: the memory the epoch
     would allocate exceeds the budget given. `preflight` carries the measurement."""
 
-__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TopologyGateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError', 'MemoryBudgetError']
+__all__ = ['RetroError', 'ModelLoadError', 'ContextError', 'DecodeError', 'TensorCallbackError', 'CaptureLimitError', 'BackendError', 'InvalidStateError', 'TopologyGateError', 'TrainingError', 'BeforeComputeError', 'BatchInitError', 'MemoryInitError', 'OutputReserveError', 'GraphBuildError', 'AllocationError', 'UnsupportedOpError', 'UnsupportedHeadError', 'ComputeError', 'PoisonedTrainerError', 'MemoryBudgetError']

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "text.h"
+
 namespace retro {
 
 enum class ErrorKind {
@@ -27,12 +29,13 @@ const char * python_class_of(ErrorKind kind);
 
 struct Error : std::runtime_error {
     ErrorKind kind;
-    Error(ErrorKind kind, const std::string & message) : std::runtime_error(message), kind(kind) {}
+    // the message may quote a model file's bytes: it is made valid UTF-8 for Python
+    Error(ErrorKind kind, const std::string & message) : std::runtime_error(valid_utf8(message)), kind(kind) {}
 };
 
-// The error for a failed llama_opt_status; `off_by_one` is FAIL-01's seeded defect (the status
-// table read one row late).
-Error training_error(int32_t status, bool off_by_one = false);
+// The error for a failed llama_opt_status, from the one table of statuses (training_status.def);
+// with FAIL-01's seeded defect on, the table is read one row late, on every path that raises.
+Error training_error(int32_t status);
 
 // The message of an Error: what failed, then the last warning/error lines the library logged.
 std::string with_diagnostic(const std::string & what);

@@ -2,6 +2,7 @@
 
 #include "errors.h"
 #include "llama.h"
+#include "text.h"
 
 #include <deque>
 #include <mutex>
@@ -18,7 +19,8 @@ std::deque<std::string> g_recent;
 std::string g_partial;  // text of a line not yet ended by '\n'
 int g_partial_level = GGML_LOG_LEVEL_INFO;
 
-void push_line(int level, std::string line) {
+void push_line(int level, std::string raw) {
+    std::string line = valid_utf8(raw);
     if (level >= GGML_LOG_LEVEL_WARN) {
         g_recent.push_back(line);
         if (g_recent.size() > kMaxRecent) {

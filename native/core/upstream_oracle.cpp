@@ -46,7 +46,10 @@ void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     clear_recent_errors();
     llama_opt_epoch(lctx, dataset.get(), train.get(), eval.get(), r.n_train, nullptr, nullptr);
     llama_memory_clear(llama_get_memory(lctx), true);
-    context_->n_past  = 0;
+    context_->n_past = 0;
+    if (llama_opt_unsupported(lctx)) {  // the loop stopped before a graph no backend runs
+        throw training_error(LLAMA_OPT_STATUS_UNSUPPORTED_OP);
+    }
     m                 = EpochMetrics{};
     m.optimizer_steps = iteration() - iter0;
     ggml_opt_result_loss(train.get(), &m.train_loss, &m.train_loss_unc);
