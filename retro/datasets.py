@@ -87,6 +87,9 @@ class TokenDataset(_Windows):
         return cls(np.ascontiguousarray(stream[starts]), np.ascontiguousarray(stream[starts + 1]))
 
     def __post_init__(self) -> None:
+        for name in ("tokens", "labels"):
+            if not isinstance(getattr(self, name), np.ndarray):
+                raise TypeError(f"{name} must be a numpy array, not {type(getattr(self, name)).__name__}")
         if self.tokens.shape != self.labels.shape or self.tokens.ndim != 2:
             raise ValueError("tokens and labels must be 2-D arrays of one shape")
 
