@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -68,6 +69,15 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _mapped_bytes(pid: int) -> int:
+    """The address space process `pid` maps now (VmSize)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmSize for process {pid}")
 
 
 class Server:
@@ -133,6 +143,25 @@ class Server:
         if self.running:
             assert self.process is not None
             os.kill(self.process.pid, signal.SIGCONT)
+
+    def limit_memory(self, extra_bytes: int | None) -> None:
+        """Cap the server's address space (RLIMIT_AS, as ``ulimit -v`` would) at what it maps now
+        plus `extra_bytes` (None: no cap): the remote device's next allocation that does not fit
+        fails for real, as on a device whose memory is full. Linux only."""
+        if not self.running:
+            raise RuntimeError("the server is not running")
+        assert self.process is not None
+        if not hasattr(resource, "prlimit"):
+            raise NotImplementedError("capping another process's memory needs Linux (prlimit)")
+        if extra_bytes is None:
+            cap = resource.RLIM_INFINITY
+        else:
+            cap = _mapped_bytes(self.process.pid) + _checks.integer("extra_bytes", extra_bytes, maximum=2**62)
+        # the soft limit only: it is the one enforced, and lowering the hard one could not be undone
+        _, hard = resource.prlimit(self.process.pid, resource.RLIMIT_AS)
+        resource.prlimit(
+            self.process.pid, resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard)
+        )
 
     def restart(self) -> Server:
         self.kill()

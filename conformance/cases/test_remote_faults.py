@@ -124,3 +124,56 @@ def test_a_restarted_server_recovers_from_a_checkpoint(backend, model_path, seed
             oracle = model.parameters()
     for name in sorted(oracle):
         against_oracle("FAIL-08", f"{name} resumed from the checkpoint", resumed[name], oracle[name], 1e-8)
+
+
+MiB = 2**20
+
+
+@pytest.mark.clause("FAIL-01")
+@pytest.mark.parametrize("when", ["preparation", "step"])
+def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(backend, model_path, seed, when):
+    """The server's memory is capped (RLIMIT_AS, as ``ulimit -v``) so that a real allocation
+    fails on the remote device: with no room at all, the optimizer state of a restore
+    (preparation); with room for the state but not for the compute buffer, the epoch's first step.
+    Each is an AllocationError carrying the allocator's diagnostic (FAIL-01). The check also holds
+    the trainer to what FAIL-05 asks of injected failures (not poisoned, nothing stepped, and once
+    the memory is back it trains as a fresh CPU trainer does from the same start); it does not
+    cite FAIL-05, whose seeded defect lives where these failures do not reach (a failure at the
+    period's first micro-batch has no period position to forget)."""
+    _remote_only(backend)
+    with support.load(backend, model_path, trainable=False) as probe:
+        ds = support.windows(2, 256, probe.n_vocab, seed + 43)
+    adamw = retro.AdamW(lr=2e-3)
+    with support.load(support.CPU, model_path) as model, support.context(model) as ctx:
+        with retro.Trainer(ctx, optimizer=adamw) as tr:
+            start = tr.checkpoint()
+            if when == "preparation":
+                tr.restore(start)
+            tr.epoch(ds)
+            oracle = model.parameters()
+    with retro.rpc.Server() as server:
+        remote = _on(server)
+        with support.load(remote, model_path) as model, support.context(model) as ctx:
+            with retro.Trainer(ctx, optimizer=adamw) as tr:
+                plan = tr.preflight(ds)
+                on_server = [b for b in plan.buffers if b.buffer_type.startswith("RPC")]
+                state = sum(b.needed - b.held for b in on_server if b.purpose == "optimizer state")
+                compute = sum(b.needed - b.held for b in on_server if b.purpose == "compute")
+                assert state > 0 and compute > 2 * MiB, f"the plan needs the state and compute on the server: {plan}"
+                iteration = tr.iteration
+                # preparation: nothing fits; step: the state fits, the compute buffer does not
+                server.limit_memory(0 if when == "preparation" else state + MiB)
+                seen: list[int] = []
+                with bound("FAIL-01"), pytest.raises(retro.TrainingError) as err:
+                    tr.restore(start) if when == "preparation" else tr.epoch(ds, progress=support.recording(seen))
+                expect("FAIL-01", type(err.value) is retro.AllocationError, f"{when}: {type(err.value).__name__}")
+                diagnostic = "accumulators and moments" if when == "preparation" else "failed to allocate RPC"
+                expect("FAIL-01", diagnostic in str(err.value), f"{when}: no allocator diagnostic in {err.value}")
+                assert not tr.poisoned, f"{when}: an allocation failure poisoned the trainer"
+                assert tr.iteration == iteration and not seen, f"{when}: the failed call stepped"
+                server.limit_memory(None)
+                if when == "preparation":
+                    tr.restore(start)
+                tr.epoch(ds)
+                after = model.parameters()
+    support.assert_params_equal(after, oracle, backend, f"{when}: trained after the failure")

@@ -298,7 +298,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_er
         if (defect(RETRO_DEFECT_FAIL_06)) {
             call_start.restore();  // seeded defect: a failed call undoes the steps it completed
         }
-        throw training_error(failed_status, defect(RETRO_DEFECT_FAIL_01));
+        throw training_error(failed_status);
     }
 
     finish();

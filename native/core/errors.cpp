@@ -1,6 +1,7 @@
 #include "errors.h"
 
 #include "llama.h"
+#include "retro-hooks.h"
 
 namespace retro {
 namespace {
@@ -39,7 +40,8 @@ const char * python_class_of(ErrorKind kind) {
     return "RetroError";
 }
 
-Error training_error(int32_t status, bool off_by_one) {
+Error training_error(int32_t status) {
+    const bool off_by_one   = retro_defect_on(RETRO_DEFECT_FAIL_01);
     constexpr std::size_t n = sizeof(k_statuses) / sizeof(k_statuses[0]);
     for (std::size_t i = 0; i < n; ++i) {
         if (k_statuses[i].status == status) {
