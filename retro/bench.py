@@ -15,6 +15,9 @@
 - heads: the dense and the fused cross-entropy head on the same top-k targets (vocab 32768, k 8
   and 64, 256-token micro-batches): host label memory (read back from llama.cpp), each head's
   peak resident memory in a process of its own, and seconds per micro-batch, trainers alternating.
+- soak: 10,000 training steps failed at every fault site in turn (a compute fault poisons its
+  trainer, so each of those gets a new trainer): resident memory and the fork's live ggml
+  contexts, backend buffers and buffer bytes before and after, after a warm-up round.
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
   spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
   settings once, at load), taking turns epoch by epoch.
@@ -25,6 +28,8 @@ Writes JSON with ``--json``. Speed is measured here, never by timed tests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import os
 import platform
@@ -74,6 +79,8 @@ with retro.Model.load(path, devices=[], trainable=True) as m, \
             t = time.perf_counter(); n = tr.epoch(ds).train_micro_batches
             print((time.perf_counter() - t) / n, flush=True)
 """
+
+SECTIONS = ("loop", "rebuild", "transactions", "packed", "heads", "soak", "load")
 
 HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass\n"
 
@@ -537,14 +544,113 @@ def heads_table(folder: Path, *, reps: int) -> list[dict[str, object]]:
     return rows
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _live() -> tuple[int, int, int]:
+    """(ggml contexts, backend buffers, bytes in live buffers) alive in this process."""
+    from retro import _native
+
+    contexts, buffers = _native.live_allocations()
+    return contexts, buffers, sum(b for _, b in _native.live_buffer_bytes())
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back (glibc keeps them otherwise): what stays resident after
+    it is held, not cached."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name and hasattr(ctypes.CDLL(name), "malloc_trim"):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+@dataclasses.dataclass
+class Soak:
+    failed_steps: int
+    per_site: dict[str, int]
+    seconds: float
+    rss_growth_bytes: int
+    rss_growth_trimmed_bytes: int  # once the C heap handed its free pages back
+    live_before: tuple[int, int, int]  # (ggml contexts, backend buffers, buffer bytes)
+    live_after: tuple[int, int, int]
+
+
+def soak(model: Path, *, steps: int) -> Soak:
+    """`steps` failed training steps, shared out over the fault sites: each site fails the first
+    hit of a fresh arming, round after round, so that every site's failure repeats many times."""
+    import retro
+
+    fi = importlib.import_module("retro.fault_injection")  # installed inside retro by the wheel
+
+    per_site = {site: 0 for site in fi.SITES}
+    with (
+        retro.Model.load(model, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_ubatch=256) as c,
+    ):
+        one = retro.TokenDataset.from_tokens(np.arange(257) % m.n_vocab, width=256)
+        fused = retro.TopKDataset(
+            one.tokens, one.labels[:, :, None].copy(), np.ones((*one.labels.shape, 1), dtype=np.float32)
+        )
+
+        def fail_once(site: str) -> None:
+            head = "fused" if site == "fused_head" else "dense"
+            with retro.Trainer(c, head=head) as tr:
+                fi.arm(site, 1)
+                try:
+                    tr.epoch(fused if head == "fused" else one)
+                except retro.TrainingError:
+                    pass
+                finally:
+                    fi.reset()
+                if site != "compute":  # the trainer is usable: one good step on it
+                    tr.epoch(fused if head == "fused" else one)
+
+        def round_() -> None:
+            for site in fi.SITES:
+                fail_once(site)
+                per_site[site] += 1
+
+        for _ in range(3):  # warm-up: caches, allocator pools and lazily built state settle
+            round_()
+        per_site = dict.fromkeys(per_site, 0)
+        _trim_heap()
+        rss0, live0 = _rss_bytes(), _live()
+        t = time.perf_counter()
+        while sum(per_site.values()) < steps:
+            round_()
+        seconds = time.perf_counter() - t
+        rss1, live1 = _rss_bytes(), _live()
+        _trim_heap()
+        rss1_trimmed = _rss_bytes()
+    return Soak(sum(per_site.values()), per_site, seconds, rss1 - rss0, rss1_trimmed - rss0, live0, live1)
+
+
+def soak_table(model: Path, *, steps: int = 10_000) -> dict[str, object]:
+    print(f"soak: {steps} training steps failed at every fault site in turn")
+    r = soak(model, steps=steps)
+    (c0, b0, n0), (c1, b1, n1) = r.live_before, r.live_after
+    print(
+        f"  {r.failed_steps} failed steps in {r.seconds:.0f} s: resident memory "
+        f"{r.rss_growth_bytes / 2**20:+.2f} MiB ({r.rss_growth_trimmed_bytes / 2**20:+.2f} MiB once the C heap "
+        f"is trimmed); live ggml contexts {c0} -> {c1}, backend buffers {b0} -> {b1}, buffer bytes {n0} -> {n1}",
+        flush=True,
+    )
+    return dataclasses.asdict(r)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument(
-        "--skip", action="append", default=[], choices=["loop", "rebuild", "transactions", "packed", "heads", "load"]
-    )
+    ap.add_argument("--skip", action="append", default=[], choices=[*SECTIONS])
+    ap.add_argument("--only", action="append", default=[], choices=[*SECTIONS], help="run these sections alone")
     args = ap.parse_args(argv)
+    if args.only:
+        args.skip = [name for name in SECTIONS if name not in args.only]
     report: dict[str, object] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "platform": platform.platform(),
@@ -572,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
             report["packed"] = packed_table(model, reps=args.reps)
         if "heads" not in args.skip:
             report["heads"] = heads_table(Path(tmp), reps=args.reps)
+        if "soak" not in args.skip:
+            report["soak"] = soak_table(model)
         if "load" not in args.skip:
             report["load"] = load_table(model, reps=args.reps)
     if args.json:
