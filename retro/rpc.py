@@ -105,6 +105,10 @@ class Server:
             [sys.executable, *flags, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            # glibc maps every allocation of 128 KiB or more on its own (no threshold that grows
+            # with use): a device buffer then always takes new address space, so a memory cap
+            # (limit_memory) fails it for real rather than letting it reuse freed heap
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)},
         )
         end = time.monotonic() + self.start_timeout_s
         while time.monotonic() < end:
