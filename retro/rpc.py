@@ -157,15 +157,14 @@ class Server:
         assert self.process is not None
         if not hasattr(resource, "prlimit"):
             raise NotImplementedError("capping another process's memory needs Linux (prlimit)")
-        if extra_bytes is None:
-            cap = resource.RLIM_INFINITY
-        else:
-            cap = _mapped_bytes(self.process.pid) + _checks.integer("extra_bytes", extra_bytes, maximum=2**62)
-        # the soft limit only: it is the one enforced, and lowering the hard one could not be undone
+        # the soft limit only: it is the one enforced, and lowering the hard one could not be undone;
+        # no cap means the hard limit (which the caller's own cap, inherited, may have set)
         _, hard = resource.prlimit(self.process.pid, resource.RLIMIT_AS)
-        resource.prlimit(
-            self.process.pid, resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard)
-        )
+        soft = hard
+        if extra_bytes is not None:
+            cap = _mapped_bytes(self.process.pid) + _checks.integer("extra_bytes", extra_bytes, maximum=2**62)
+            soft = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+        resource.prlimit(self.process.pid, resource.RLIMIT_AS, (soft, hard))
 
     def restart(self) -> Server:
         self.kill()
