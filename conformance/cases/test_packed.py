@@ -37,10 +37,11 @@ def _documents(n_vocab: int, seed: int, lengths: list[int]) -> list[np.ndarray]:
 
 
 def _packed(n_vocab: int, seed: int, *, windows: int = 3, weighted: bool = False) -> retro.PackedDataset:
-    """Windows of documents of 1 to 70 tokens (a 1-token one has no target), the last window
-    short, so that its padding fills part of a micro-batch and whole micro-batches after it."""
+    """Windows of documents of 1 to 70 tokens (a 1-token one has no target), the first window
+    opening with a 1-token document (its boundary is at token 1, the earliest there is), the last
+    window short, so that its padding fills part of a micro-batch and whole micro-batches after it."""
     rng = np.random.default_rng(seed)
-    lengths: list[int] = []
+    lengths: list[int] = [1]
     while sum(lengths) < (windows - 1) * WIDTH + 90:
         lengths.append(int(rng.choice([1, 2, *range(5, 71)])))
     ds = retro.PackedDataset.pack(_documents(n_vocab, seed + 1, lengths), width=WIDTH)
