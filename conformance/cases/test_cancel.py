@@ -366,7 +366,8 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
 def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, model_path, seed):
     """Two trainers train at once on two threads (the GIL is released while they compute); each
     progress callback sees exactly its own call's micro-batches, and a cancel on one thread stops
-    that call alone."""
+    that call alone. The first micro-batches run in lockstep, so that both calls are certainly
+    inside their epochs together rather than one finishing before the other has begun."""
     import threading
 
     n_windows = 4
@@ -383,12 +384,18 @@ def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, mode
         metrics: dict[str, retro.EpochMetrics] = {}
         errors: list[BaseException] = []
         cancel_at = {"a": n_train, "b": 5}
+        # both threads meet after each of their first micro-batches: a callback that reached the
+        # other thread's progress still counts as a party, and a meeting that never happens breaks
+        # its barrier, which raises in the callback and fails the epoch
+        lockstep = [threading.Barrier(2, timeout=120) for _ in range(3)]
 
         def run(name: str, ctx: retro.Context) -> None:
             me = threading.get_ident()
 
             def progress(p: retro.Progress) -> bool:
                 seen[name].append((p.done, threading.get_ident() == me))
+                if p.done <= len(lockstep):
+                    lockstep[p.done - 1].wait()
                 return p.done != cancel_at[name]
 
             try:
