@@ -31,6 +31,21 @@ def arm(site: str, hit: int, *, persistent: bool = False) -> None:
     _hooks.arm(_check_site(site), hit, persistent)
 
 
+def stall(site: str, hit: int, seconds: float) -> None:
+    """Park the thread that makes the `hit`-th hit of `site` from now for `seconds`, then let the
+    site go on (a call held inside its real work, while other threads call in); reset clears it."""
+    if isinstance(hit, bool) or not isinstance(hit, int) or hit < 1:
+        raise ValueError("hit must be an int >= 1")
+    if not isinstance(seconds, (int, float)) or not 0 < seconds <= 60:
+        raise ValueError("seconds must be a number in (0, 60]")
+    _hooks.stall(_check_site(site), hit, round(seconds * 1e6))
+
+
+def stalling() -> bool:
+    """True while a thread is parked by `stall`."""
+    return bool(_hooks.stalling())
+
+
 def reset() -> None:
     """Disarm every site and zero the counters."""
     _hooks.reset()

@@ -15,6 +15,34 @@ def test_unknown_sites_and_bad_hits_are_rejected():
         fi.arm("nowhere", 1)
     with pytest.raises(ValueError):
         fi.arm("compute", 0)
+    for hit, seconds in [(0, 0.1), (1, 0), (1, 61), (True, 0.1), (1, "1")]:
+        with pytest.raises(ValueError):
+            fi.stall("compute", hit, seconds)
+
+
+def test_a_stall_parks_the_chosen_hit_and_the_call_then_completes(model_path):
+    """A stall holds the training call at its chosen compute (the trainer's step in progress, seen
+    from another thread), then lets it go on and finish as if nothing had happened; reset clears an
+    unreached stall."""
+    import threading
+    import time
+
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=64) as c:
+        with retro.Trainer(c, optimizer=retro.SGD(lr=0.01)) as tr:
+            fi.reset()
+            fi.stall("compute", 3, 0.2)
+            done: list[retro.EpochMetrics] = []
+            worker = threading.Thread(target=lambda: done.append(tr.epoch(dataset(1))))
+            worker.start()
+            while not fi.stalling() and worker.is_alive():
+                time.sleep(0.001)
+            assert fi.hits("compute") == 3 and fi.stalling()  # parked at its third compute
+            worker.join()
+            assert not fi.stalling() and done[0].train_micro_batches == 4 and fi.failures("compute") == 0
+            fi.stall("compute", 100, 5.0)
+            fi.reset()
+            tr.epoch(dataset(1))  # would park for 5 s at its 100th compute had reset not cleared it
+            assert not fi.stalling()
 
 
 @pytest.mark.parametrize("persistent", [False, True])

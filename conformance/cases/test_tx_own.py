@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -128,6 +130,158 @@ def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, l
             "TX-OWN-04",
             err.value.failure.type == "retro.errors.InvalidStateError",
             f"a handler calling its own context: {err.value.failure}",
+        )
+
+
+#: the running call, parked inside its real work while the other calls are made from the main
+#: thread: a training call at its second compute (a stall of the fault hook there, its guard and
+#: graph taken, one micro-batch already run), a generation in its second decode's handler
+RUNNING = {
+    "epoch": "tr.epoch(ds)",
+    "micro_batch": "for _ in range(6): tr._h.micro_batch(ds.tokens[0, :64], ds.labels[0, :64], 0, True)",
+    "upstream_epoch": "retro.testing.upstream_epoch(tr, ds)",
+    "generate": "ctx.generate([1, 2, 3], 40, stop_at_eog=False)",
+}
+#: every call a user makes on a context or its trainer, made while the running call is parked
+CONCURRENT = {
+    "context.close": "ctx.close()",
+    "trainer.close": "tr.close()",
+    "decode": "ctx.reset(); ctx.decode([1, 2, 3])",
+    "generate": "ctx.reset(); ctx.generate([1, 2, 3], 4)",
+    "drain": "ctx.drain_captures()",
+    "epoch": "tr.epoch(small)",
+    "checkpoint": "tr.checkpoint() if tr.period_position == 0 else None",
+    "prepare_state": "tr._h.prepare_state()",
+    "reset": "ctx.reset()",
+}
+PARK_S = 0.3
+
+SERIALIZED_CHILD = textwrap.dedent(
+    """
+    import json, pathlib, sys, threading, time
+    import numpy as np
+    import retro, retro.testing, retro._native as native
+    from retro import fault_injection as fi
+    from retro.conformance import backends, support
+    from retro.transactions import Profile, TensorTransactions
+
+    running, path, backend_name, defects, park_s = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+    running_call, concurrent = json.loads(sys.argv[6]), json.loads(sys.argv[7])
+    for defect in filter(None, defects.split(",")):  # the seeded defect the parent runs under
+        native.hooks.set_defect(defect, True)
+    model = support.load(backends.discover()[backend_name], pathlib.Path(path))
+    profile = Profile.record(model)
+    stream = np.random.default_rng(0).integers(0, model.n_vocab, size=4 * 256 + 1)
+    ds = retro.TokenDataset.from_tokens(stream, width=256)
+    small = retro.TokenDataset(np.ascontiguousarray(ds.tokens[:1]), np.ascontiguousarray(ds.labels[:1]))
+    handled, in_handler = [0], threading.Event()
+
+    def handler(t):
+        handled[0] += 1
+        if running == "generate" and handled[0] == 2:  # the generation's second decode
+            in_handler.set()
+            time.sleep(park_s)
+            in_handler.clear()
+
+    def parked():
+        return fi.stalling() or in_handler.is_set()
+
+    for name, call in concurrent.items():
+        print(json.dumps({"starting": name}), flush=True)
+        ctx = retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=256 if running == "upstream_epoch" else 64,
+                            n_threads=1, transactions=TensorTransactions(profile, [profile.select("l_out-0")], handler))
+        tr = retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-3))
+        fi.reset()
+        handled[0] = 0
+        if running != "generate":
+            fi.stall("compute", 2, park_s)
+        outcome = {}
+
+        def run():
+            try:
+                exec(running_call, {"retro": retro, "tr": tr, "ctx": ctx, "ds": ds})
+                outcome["running"] = "ok"
+            except retro.RetroError as e:
+                outcome["running"] = type(e).__name__
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not parked() and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        was_parked = parked()
+        try:
+            exec(call, {"retro": retro, "tr": tr, "ctx": ctx, "small": small})
+            outcome["concurrent"] = "ok"
+        except retro.RetroError as e:
+            outcome["concurrent"] = type(e).__name__
+        returned_while_parked = parked()
+        worker.join()
+        fi.reset()
+        print(json.dumps({"pair": name, "parked": was_parked, "returned_while_parked": returned_while_parked, **outcome}),
+              flush=True)
+        tr.close()
+        ctx.close()
+    """
+)
+
+
+@pytest.mark.clause("TX-OWN-04")
+@pytest.mark.parametrize("running", sorted(RUNNING))
+def test_every_call_waits_for_the_call_running_on_its_context(backend, model_path, running):
+    """Every call on a context is serialized, training included: while a call from one thread is
+    parked inside its real work (a training call at its second compute, a generation inside its
+    second decode), each call a user can make on the context or its trainer, from a second thread,
+    returns only after the running call has gone on: none runs inside it. Each pair runs in a child
+    interpreter, so that a crash (a close that freed the scheduler under the running compute) is
+    its exit status, with the pair it was making."""
+    defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
+    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+    child = subprocess.run(
+        [
+            *python,
+            "-c",
+            SERIALIZED_CHILD,
+            running,
+            str(model_path),
+            backend.name,
+            defects,
+            str(PARK_S),
+            json.dumps(RUNNING[running]),
+            json.dumps(CONCURRENT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "GGML_NO_BACKTRACE": "1"},
+    )
+    lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    pairs = {r["pair"]: r for r in lines if "pair" in r}
+    last = next((r["starting"] for r in reversed(lines) if "starting" in r), None)
+    expect(
+        "TX-OWN-04",
+        child.returncode == 0 and len(pairs) == len(CONCURRENT),
+        f"the child died (exit {child.returncode}) during {running} x {last}: {child.stderr[-800:]}",
+    )
+    loops = running == "micro_batch"  # a loop of calls: a close may land between two of them
+    for name, r in pairs.items():
+        expect("TX-OWN-04", r["parked"], f"{running} was never parked inside its work (x {name})")
+        expect(
+            "TX-OWN-04",
+            not r["returned_while_parked"],
+            f"{name} from another thread returned ({r['concurrent']}) while {running} was parked inside its work",
+        )
+        closes = name in ("context.close", "trainer.close")
+        allowed = ("ok", "InvalidStateError") if closes and loops else ("ok",)
+        expect("TX-OWN-04", r["running"] in allowed, f"the running {running} ended with {r['running']} (x {name})")
+        # waited, then ran; a call on a closed context or trainer is refused, typed. "reset, then
+        # decode" is two calls: a micro-batch of the loop may land between them and leave its
+        # training sequence where the decode's positions collide (a typed DecodeError)
+        interleaved = ("DecodeError",) if loops and name in ("decode", "generate") else ()
+        expect(
+            "TX-OWN-04",
+            r["concurrent"] in ("ok", "InvalidStateError", *interleaved),
+            f"{name} during {running}: {r['concurrent']}",
         )
 
 

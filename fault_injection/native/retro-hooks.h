@@ -36,6 +36,14 @@ RETRO_HOOKS_API bool retro_fault_hit(enum retro_site site);
 // Arm `site` to fail at its `hit`-th hit from now (1-based); `persistent` fails every later hit too.
 RETRO_HOOKS_API void retro_fault_arm(enum retro_site site, int64_t hit, bool persistent);
 
+// Park the thread that makes the `hit`-th hit of `site` from now (1-based) for `microseconds`
+// before the site goes on: a call held inside real work, its guard and graph taken, so that a check
+// can make calls from other threads meanwhile (TX-OWN-04). One stall at a time; reset clears it.
+RETRO_HOOKS_API void retro_fault_stall(enum retro_site site, int64_t hit, int64_t microseconds);
+
+// True while a thread is parked by a stall.
+RETRO_HOOKS_API bool retro_fault_stalling(void);
+
 // Disarm every site and zero every hit counter.
 RETRO_HOOKS_API void retro_fault_reset(void);
 

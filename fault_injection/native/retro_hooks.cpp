@@ -4,7 +4,9 @@
 #include "retro-hooks.h"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 namespace {
 
@@ -13,12 +15,15 @@ struct site_state {
     int64_t failures = 0;
     int64_t fail_at  = 0;  // 0: not armed
     bool persistent  = false;
+    int64_t stall_at = 0;  // 0: no stall
+    int64_t stall_us = 0;
 };
 
 std::mutex g_plan_mutex;
 std::atomic<bool> g_armed{false};
 site_state g_sites[RETRO_SITE_COUNT];
 std::atomic<bool> g_defects[RETRO_DEFECT_COUNT];
+std::atomic<bool> g_stalling{false};
 
 const char * const k_site_names[] = {
 #define X(id, name, status) name,
@@ -49,10 +54,38 @@ bool retro_fault_hit(enum retro_site site) {
     if (!g_armed.load(std::memory_order_acquire)) {
         return false;
     }
-    std::lock_guard<std::mutex> lock(g_plan_mutex);
-    const bool fail = s.fail_at > 0 && (hit == s.fail_at || (s.persistent && hit > s.fail_at));
-    s.failures += fail;
+    int64_t stall_us = 0;
+    bool fail        = false;
+    {
+        std::lock_guard<std::mutex> lock(g_plan_mutex);
+        fail = s.fail_at > 0 && (hit == s.fail_at || (s.persistent && hit > s.fail_at));
+        s.failures += fail;
+        if (s.stall_at > 0 && hit == s.stall_at) {
+            stall_us   = s.stall_us;
+            s.stall_at = 0;
+            g_stalling.store(true);
+        }
+    }
+    if (stall_us > 0) {  // parked outside the plan's lock, so that other threads' sites go on
+        std::this_thread::sleep_for(std::chrono::microseconds(stall_us));
+        g_stalling.store(false);
+    }
     return fail;
+}
+
+void retro_fault_stall(enum retro_site site, int64_t hit, int64_t microseconds) {
+    if (!valid_site(site)) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    site_state & s = g_sites[site];
+    s.stall_at     = hit > 0 && microseconds > 0 ? s.hits.load() + hit : 0;
+    s.stall_us     = microseconds;
+    g_armed.store(true, std::memory_order_release);
+}
+
+bool retro_fault_stalling(void) {
+    return g_stalling.load();
 }
 
 void retro_fault_arm(enum retro_site site, int64_t hit, bool persistent) {
@@ -74,6 +107,8 @@ void retro_fault_reset(void) {
         s.failures   = 0;
         s.fail_at    = 0;
         s.persistent = false;
+        s.stall_at   = 0;
+        s.stall_us   = 0;
     }
 }
 

@@ -51,6 +51,13 @@ void bind_hooks(py::module_ & m) {
                 retro_fault_arm(site_of(site), hit, persistent);
             },
             py::arg("site"), py::arg("hit"), py::arg("persistent"));
+    hooks.def(
+            "stall",
+            [](const std::string & site, int64_t hit, int64_t microseconds) {
+                retro_fault_stall(site_of(site), hit, microseconds);
+            },
+            py::arg("site"), py::arg("hit"), py::arg("microseconds"));
+    hooks.def("stalling", &retro_fault_stalling);
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
     hooks.def(

@@ -112,7 +112,7 @@ int64_t Trainer::stage_packed_targets(const EpochRequest & r, const RowPlan & pl
 }
 
 EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_error) {
-    CallGuard call(held());
+    const auto call                 = training_call();
     llama_context * lctx            = ctx();
     ggml_opt_context_t opt          = llama_opt_get_context(lctx);
     const TrainingGeometry geometry = training_geometry(lctx);

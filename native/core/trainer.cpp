@@ -65,6 +65,14 @@ Context & Trainer::held() const {
     return *context_;
 }
 
+std::optional<CallGuard> Trainer::training_call() {
+    if (retro_defect_on(RETRO_DEFECT_TX_OWN_04_TRAINING)) {
+        held();  // a closed trainer is still refused
+        return std::nullopt;
+    }
+    return std::optional<CallGuard>(std::in_place, held());
+}
+
 llama_context * Trainer::ctx() const {
     if (!context_) {
         throw Error(ErrorKind::InvalidState, "the trainer is closed");
@@ -150,7 +158,7 @@ ggml_tensor * Trainer::state_tensor(const std::string & name, int which) {
 }
 
 void Trainer::prepare_state() {
-    CallGuard call(held());
+    const auto call      = training_call();
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_prepare_state(lctx);
@@ -183,7 +191,7 @@ void Trainer::set_head(bool fused) {
 }
 
 void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_t n_tokens, int32_t pos0, bool train) {
-    CallGuard call(held());
+    const auto call      = training_call();
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_micro_batch(lctx, tokens, labels, n_tokens, pos0, train, nullptr);

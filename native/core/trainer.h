@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +104,10 @@ public:
     const std::shared_ptr<Context> & context() const { return context_; }
     // the context, for its call guard (call_guard.h); throws once the trainer is closed
     Context & held() const;
+    // the call guard a training call (epoch, micro-batch, state preparation, the upstream loop)
+    // holds while it runs; seeded defect TX-OWN-04.unguarded-training: none, as if decode's guard
+    // had never been extended to training
+    std::optional<CallGuard> training_call();
 
     // optimizer state of a weight, nullptr where there is none (yet): the gradient accumulator
     // (which == -1) or the AdamW moments (which == 0: first, 1: second)

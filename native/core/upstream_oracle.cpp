@@ -20,7 +20,7 @@ struct ResultDeleter {
 }  // namespace
 
 void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
-    CallGuard call(held());
+    const auto call      = training_call();
     llama_context * lctx = ctx();
     const int64_t n_ctx  = llama_n_ctx(lctx);
     if (r.k != 1 || r.weights) {
