@@ -17,6 +17,7 @@ def _define() -> None:
         cls = type(name, (defined[base],), {"__doc__": doc, "__module__": __name__})
         defined[name] = globals()[name] = cls
         __all__.append(name)
+    _native._set_error_classes({name: defined[name] for name in __all__})
 
 
 _define()

@@ -23,6 +23,16 @@ py::array_t<float> tensor_to_numpy(const ggml_tensor * t) {
     return out;
 }
 
+namespace {
+
+// retro.errors' classes by name, handed over once when that module is imported. The translator
+// then imports nothing: an import may release the GIL, and a call failing on a daemon thread while
+// the interpreter exits must not (CPython ends a thread that asks for the GIL back mid-finalization,
+// and that unwinding aborts the process in C++ frames). Leaked: it must outlive finalization.
+py::dict * g_error_classes = nullptr;
+
+}  // namespace
+
 void bind_errors(py::module_ & m) {
     py::register_exception_translator([](std::exception_ptr p) {
         try {
@@ -30,10 +40,18 @@ void bind_errors(py::module_ & m) {
                 std::rethrow_exception(p);
             }
         } catch (const Error & e) {
-            py::object cls = py::module_::import("retro.errors").attr(python_class_of(e.kind));
-            PyErr_SetString(cls.ptr(), e.what());
+            PyObject * cls =
+                    g_error_classes ? PyDict_GetItemString(g_error_classes->ptr(), python_class_of(e.kind)) : nullptr;
+            if (cls) {
+                PyErr_SetString(cls, e.what());
+            } else {  // retro.errors not imported yet (it imports this module first)
+                PyErr_SetString(py::module_::import("retro.errors").attr(python_class_of(e.kind)).ptr(), e.what());
+            }
         }
     });
+    m.def(
+            "_set_error_classes", [](const py::dict & classes) { g_error_classes = new py::dict(classes); },
+            "retro.errors hands over its classes, by name, once it has made them");
     m.def(
             "error_kinds",
             []() {
