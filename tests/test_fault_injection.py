@@ -92,3 +92,24 @@ def test_a_compute_fault_fails_real_work_and_leaves_the_parameters_partly_writte
             moved = [n for n in trained if not np.array_equal(before[n], after[n])]
             assert 0 < len(moved) < len(trained), f"{len(moved)} of {len(trained)} weights moved"
             assert tr.poisoned
+
+
+def test_upstreams_loop_reports_a_failed_step_instead_of_returning(model_path):
+    """retro.testing.upstream_epoch (fork patch 0047): a step that cannot be allocated stops
+    upstream's loop with AllocationError, its partial period discarded, and the trainer trains on;
+    a failed compute raises ComputeError (before, both returned as if the epoch had run)."""
+    import retro.testing
+
+    with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=256) as c:
+        with retro.Trainer(c, optimizer=retro.SGD(lr=0.01), accumulation=2) as tr:
+            fi.reset()
+            fi.arm("alloc", 2)
+            with pytest.raises(retro.AllocationError, match="graph allocation failed"):
+                retro.testing.upstream_epoch(tr, dataset(4))
+            assert tr.iteration == 1 and tr.period_position == 0  # the period of the failed step went
+            fi.reset()
+            assert retro.testing.upstream_epoch(tr, dataset(4)).optimizer_steps == 2
+            fi.arm("compute", 1)
+            with pytest.raises(retro.ComputeError):
+                retro.testing.upstream_epoch(tr, dataset(4))
+            fi.reset()

@@ -47,8 +47,14 @@ void Trainer::upstream_epoch(const EpochRequest & r, EpochMetrics & m) {
     llama_opt_epoch(lctx, dataset.get(), train.get(), eval.get(), r.n_train, nullptr, nullptr);
     llama_memory_clear(llama_get_memory(lctx), true);
     context_->n_past = 0;
-    if (llama_opt_unsupported(lctx)) {  // the loop stopped before a graph no backend runs
-        throw training_error(LLAMA_OPT_STATUS_UNSUPPORTED_OP);
+    // a compute failed and poisoned the optimizer (the loop then stops at the next allocation), or
+    // the loop stopped before a step's compute (fork patch 0047: that step abandoned at its update
+    // boundary, as retro's loop abandons one)
+    if (ggml_opt_backend_failed(opt())) {
+        throw training_error(LLAMA_OPT_STATUS_COMPUTE);
+    }
+    if (const int32_t stopped = llama_opt_epoch_status(lctx); stopped != LLAMA_OPT_STATUS_OK) {
+        throw training_error(stopped);
     }
     m                 = EpochMetrics{};
     m.optimizer_steps = iteration() - iter0;
