@@ -6,6 +6,7 @@ log. Shared helpers: _transactions.py."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -21,8 +22,9 @@ import numpy as np
 import pytest
 
 import retro
+import retro.rpc
 from retro import _native
-from retro.conformance import support
+from retro.conformance import backends, support
 from retro.conformance.cases._transactions import (
     CHILD_SCRIPT,
     DRAFT_NOISE,
@@ -226,6 +228,19 @@ SERIALIZED_CHILD = textwrap.dedent(
 )
 
 
+def _serialized_child(
+    python: list[str], running: str, model_path, backend: str, defects: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    args = [running, str(model_path), backend, defects, str(PARK_S), json.dumps(RUNNING[running])]
+    return subprocess.run(
+        [*python, "-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
 @pytest.mark.clause("TX-OWN-04")
 @pytest.mark.parametrize("running", sorted(RUNNING))
 def test_every_call_waits_for_the_call_running_on_its_context(backend, model_path, running):
@@ -237,24 +252,13 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
     its exit status, with the pair it was making."""
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
     python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
-    child = subprocess.run(
-        [
-            *python,
-            "-c",
-            SERIALIZED_CHILD,
-            running,
-            str(model_path),
-            backend.name,
-            defects,
-            str(PARK_S),
-            json.dumps(RUNNING[running]),
-            json.dumps(CONCURRENT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "GGML_NO_BACKTRACE": "1"},
-    )
+    with contextlib.ExitStack() as stack:
+        env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+        if backend.name == "rpc":
+            # a server of its own: two threads talking over one link at once (the seeded defect)
+            # can send the server commands that stop it, and the run's other checks use the shared one
+            env[backends.RPC_SERVERS_ENV] = stack.enter_context(retro.rpc.Server()).endpoint
+        child = _serialized_child(python, running, model_path, backend.name, defects, env)
     lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
     pairs = {r["pair"]: r for r in lines if "pair" in r}
     last = next((r["starting"] for r in reversed(lines) if "starting" in r), None)
