@@ -7,7 +7,8 @@ clause: the sweep of every site x hit of the reference epoch, transient and pers
 counts, the lost RPC link; and every TX- clause) on the CPU and the RPC backend, in interpreters that
 see that build and not an installed retro, with the sanitizer runtime preloaded (the interpreter
 itself is not instrumented). It fails on any sanitizer report, from any process (certification
-children and the RPC server alike), and on any check that did not pass.
+children and the RPC server alike), and on any check that did not pass (a check of remote-only
+faults reads "not supported" on the CPU, where it runs nothing).
 
 Left out, with their reason: the checks that cap a server's address space (RLIMIT_AS: ASan
 reserves terabytes of shadow address space at start, so a capped server cannot start at all)."""
