@@ -3,6 +3,12 @@ own accumulation period), BASE-02 (determinism), BASE-03 (read-back and save/rel
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -134,6 +140,59 @@ def test_same_state_data_and_options_give_same_parameters(backend, model_path, s
     with bound("BASE-02"):
         support.assert_params_equal(p2, p1, backend, "second run vs first run")
         support.assert_close(np.array(l2), np.array(l1), backend, "losses of equal runs")
+
+
+#: what the machine runs beside a check that trains under load: one spinning process per usable core
+SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+
+
+@contextmanager
+def every_core_busy():
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        time.sleep(0.3)  # started and runnable: /proc/loadavg counts them
+        yield
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+
+
+@pytest.mark.clause("BASE-02")
+@pytest.mark.parametrize("threads", ["fixed", "adaptive"])
+def test_the_thread_count_changes_no_parameter(backend, model_path, seed, threads, monkeypatch):
+    """Training with every core busy elsewhere, at a fixed count of every core or at the count that
+    follows the load (the default when neither n_threads nor RETRO_THREADS names one: each compute
+    gets the cores no other task holds), ends with the parameters of an idle run at one thread."""
+    with support.load(backend, model_path, trainable=False) as probe:
+        ds = support.windows(4, 256, probe.n_vocab, seed + 7)
+        ceiling = min(len(os.sched_getaffinity(0)), 16)
+
+    def train(n_threads, counts):
+        with support.load(backend, model_path) as model:
+            ctx = retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=64, n_threads=n_threads)
+            with ctx, retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
+                tr.epoch(ds, progress=support.recording(counts, lambda _: ctx.threads_now))
+                return model.parameters(), ctx.adaptive_threads
+
+    alone, _ = train(1, [])
+    counts: list[int] = []
+    if threads == "adaptive":
+        monkeypatch.delenv("RETRO_THREADS", raising=False)  # certification fixes the count; a user's run does not
+    with every_core_busy():
+        loaded, adaptive = train(None if threads == "adaptive" else ceiling, counts)
+    measure("threads", path=threads, ceiling=ceiling, counts=",".join(map(str, counts)))
+    # the path ran: the count followed the load (fell below the ceiling), or stayed where it was fixed
+    if threads == "adaptive":
+        expect(
+            "BASE-02",
+            adaptive and (ceiling == 1 or min(counts) < ceiling),
+            f"no micro-batch gave up a thread: {counts}",
+        )
+    else:
+        expect("BASE-02", not adaptive and set(counts) == {ceiling}, f"a fixed count of {ceiling} moved: {counts}")
+    with bound("BASE-02"):
+        support.assert_params_equal(loaded, alone, backend, f"every core busy at threads={threads} vs idle at one")
 
 
 @pytest.mark.clause("BASE-03")
