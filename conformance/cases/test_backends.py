@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 import retro
+import retro.rpc
 from retro import _native
 from retro.conformance import backends, support
 from retro.conformance.evidence import against_oracle, bound, expect
+from retro.conformance.plugin import not_supported
 
 #: NMSE tolerances against the CPU: kernels may reorder float sums, never more. AdamW divides each
 #: gradient by its own running magnitude, so rounding differences in small gradients grow into
@@ -102,3 +104,41 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
                     expected,
                     TOLERANCE["moments"],
                 )
+
+
+@pytest.mark.clause("HARNESS-01")
+@pytest.mark.drives("rpc_servers=2")
+def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path, seed):
+    """The RPC backend as users scale it: the layers split over the run's server and a second one
+    (each link carrying its own share of every compute), trained and decoded as on the CPU."""
+    if backend.name != "rpc":
+        not_supported("a model split over two servers is a topology of the RPC backend")
+    with retro.rpc.Server() as second:
+        devices = [*backend.offload_devices, *(d.index for d in retro.rpc.connect(second.endpoint))]
+        split = backends.Backend("rpc", True, devices=tuple(d.__dict__ for d in retro.devices() if d.index in devices))
+        with support.load(split, model_path, trainable=False) as model:
+            placed = {n: d for n, d in model.tensor_devices().items() if n not in support.INPUT_LAYER}
+        per_device = {d: sum(v == d for v in placed.values()) for d in sorted(set(placed.values()))}
+        expect(
+            "HARNESS-01",
+            set(per_device) == set(split.device_names) and len(per_device) == 2,
+            f"the weights are not split over the two servers' devices: {per_device}",
+        )
+        ds = support.windows(8, 256, 512, seed)
+        losses, params, logits, moments = _train_and_decode(split, model_path, ds)
+    on_cpu = _train_and_decode(support.CPU, model_path, ds)
+    against_oracle("HARNESS-01", "two servers: train loss per epoch", losses, on_cpu[0], TOLERANCE["loss"])
+    for name in sorted(on_cpu[1]):
+        against_oracle(
+            "HARNESS-01",
+            f"two servers: {name} after 8 AdamW steps",
+            params[name],
+            on_cpu[1][name],
+            TOLERANCE["parameters"],
+        )
+    against_oracle("HARNESS-01", "two servers: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"])
+    for name in sorted(on_cpu[3]):
+        for which, actual, expected in zip("mv", moments[name], on_cpu[3][name], strict=True):
+            against_oracle(
+                "HARNESS-01", f"two servers: AdamW {which} of {name}", actual, expected, TOLERANCE["moments"]
+            )

@@ -2,7 +2,9 @@
 
 #include "errors.h"
 #include "ggml-backend.h"
+#include "retro-hooks.h"
 
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -29,7 +31,15 @@ int32_t rpc_connect(const std::string & endpoint) {
     if (!reg) {
         return 0;
     }
-    if (registered.insert(endpoint).second) {
+    bool listed = !registered.insert(endpoint).second;
+    if (retro_defect_on(RETRO_DEFECT_HARNESS_01_ONE_SERVER)) {
+        // seeded defect HARNESS-01.one-server: registered only while no RPC registry is listed,
+        // as if every server shared one registry
+        for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+            listed = listed || std::strncmp(ggml_backend_reg_name(ggml_backend_reg_get(i)), "RPC", 3) == 0;
+        }
+    }
+    if (!listed) {
         ggml_backend_register(reg);
     }
     return (int32_t) ggml_backend_reg_dev_count(reg);
