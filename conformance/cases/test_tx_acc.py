@@ -27,6 +27,12 @@ from retro.conformance.evidence import bound, expect
 from retro.transactions import Profile, ProfileError, Transaction
 
 
+def refused(node: str, message: str) -> tuple[str, str, str, str, str]:
+    """What the data phase's checks (retro._native.tx_verify) return for a layout they refuse:
+    the report names the node and says what it found against what was selected."""
+    return ("layout", node, "", message, "")
+
+
 @pytest.mark.clause("TX-ACC-01", "TX-ACC-08")
 def test_the_handler_sees_the_complete_computed_tensor(backend, loaded):
     """The copy of result_output the handler gets, micro-batch by micro-batch, is the complete
@@ -59,6 +65,11 @@ def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
         for name in ("l_out", "l_out-", "Qcur-0"):
             with bound("TX-ACC-02"), pytest.raises(ProfileError):
                 profile.select(name)
+        # the data phase's own check, given another node's metadata: refused, both names reported
+        spec = profile.select("l_out-1")._spec()
+        with bound("TX-ACC-02"):
+            failure = _native.tx_verify("l_out-10", 0, (model.n_embd, 4, 1, 1), True, spec, 4)
+            assert failure == refused("l_out-10", "the node is not the selected node 'l_out-1'"), failure
 
 
 @pytest.mark.clause("TX-ACC-03")
@@ -69,11 +80,11 @@ def test_the_element_type_is_exact(backend, loaded):
     foreign = foreign_profile(profile, "l_out-0", dtype="i32")
     calls: list = []
     with tx_context(model, foreign, [foreign.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-03"):
-        assert "type" in fails_closed(ctx, calls)
+        assert fails_closed(ctx, calls) == "element type f32, selected i32"
     spec = profile.select("l_out-0")._spec()
     with bound("TX-ACC-03"):
-        failure = _native.tx_verify("l_out-0", 1, (64, 4, 1, 1), True, spec, 4)  # GGML_TYPE_F16
-        assert isinstance(failure, tuple) and "type" in failure[3], f"f16 accepted: {failure}"
+        failure = _native.tx_verify("l_out-0", 1, (model.n_embd, 4, 1, 1), True, spec, 4)  # GGML_TYPE_F16
+        assert failure == refused("l_out-0", "element type f16, selected f32"), f"f16: {failure}"
 
 
 @pytest.mark.clause("TX-ACC-04")
@@ -85,13 +96,15 @@ def test_the_layout_is_two_dimensional_contiguous_and_not_empty(backend, loaded)
     node = profile.nodes["Qcur-0 (view)"]
     foreign = foreign_profile(profile, node.name, shape=(node.shape[0], 3, 1, 1), rows="tokens")
     calls: list = []
+    not_2d = "not a two-dimensional, non-empty, contiguous tensor [{}, {}, {}, {}]"
     with tx_context(model, foreign, [foreign.select(node.name)], calls.append) as ctx, bound("TX-ACC-04"):
-        assert "two-dimensional" in fails_closed(ctx, calls, TOKENS[:4])
+        assert fails_closed(ctx, calls, TOKENS[:4]) == not_2d.format(node.shape[0], node.shape[1], 4, 1)
     spec = profile.select("l_out-0")._spec()
-    for ne, contiguous, rows in (((64, 4, 1, 1), False, 4), ((64, 0, 1, 1), True, 1), ((64, 2, 2, 1), True, 2)):
+    e = model.n_embd
+    for ne, contiguous, rows in (((e, 4, 1, 1), False, 4), ((e, 0, 1, 1), True, 1), ((e, 2, 3, 1), True, 2)):
         with bound("TX-ACC-04"):
             failure = _native.tx_verify("l_out-0", 0, ne, contiguous, spec, rows)
-            assert isinstance(failure, tuple), f"{ne} (contiguous {contiguous}) accepted"
+            assert failure == refused("l_out-0", not_2d.format(*ne)), f"{ne} (contiguous {contiguous}): {failure}"
 
 
 @pytest.mark.clause("TX-ACC-05")
@@ -105,11 +118,11 @@ def test_row_width_is_exact_and_the_row_bound_inclusive(backend, loaded):
         expect("TX-ACC-05", [t.data.shape[0] for t in calls] == [4, 4, 2], "rows at the bound were refused")
     calls.clear()
     with tx_context(model, profile, [profile.select("l_out-0", max_rows=3)], calls.append) as ctx, bound("TX-ACC-05"):
-        assert "rows" in fails_closed(ctx, calls)
+        assert fails_closed(ctx, calls) == "4 rows, at most 3 selected"
     node = profile.nodes["l_out-0"]
     wider = foreign_profile(profile, "l_out-0", shape=(node.shape[0] * 2, *node.shape[1:]))
     with tx_context(model, wider, [wider.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-05"):
-        assert "elements per row" in fails_closed(ctx, calls)
+        assert fails_closed(ctx, calls) == f"{node.shape[0]} elements per row, selected {node.shape[0] * 2}"
 
 
 @pytest.mark.clause("TX-ACC-06")
@@ -125,7 +138,7 @@ def test_element_and_byte_counts_are_overflow_checked(backend):
         (1 << 62, 2, 1, 1),
     ):
         failure = _native.tx_verify("big", 0, ne, True, spec, MAX_ROWS)
-        expect("TX-ACC-06", isinstance(failure, tuple) and "overflow" in failure[3], f"{ne}: {failure}")
+        expect("TX-ACC-06", failure == refused("big", "the element or byte count overflows"), f"{ne}: {failure}")
     fits = _native.tx_verify("big", 0, (MAX_ROW_ELEMENTS, MAX_ROWS, 1, 1), True, spec, MAX_ROWS)
     expect("TX-ACC-06", fits == MAX_ROW_ELEMENTS * MAX_ROWS * 4, f"the largest node: {fits}")
 
@@ -151,6 +164,11 @@ def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded):
         ctx.generate(TOKENS[:6], 1)
         positions, _ = rows_of(ctx.drain_captures(), "result_norm")
     expect("TX-ACC-07", positions.tolist() == [5], f"output rows at {positions.tolist()}")
+    # the data phase's own check, given a node of 3 rows in a micro-batch of 4 tokens
+    spec = profile.select("attn_norm-0")._spec()
+    failure = _native.tx_verify("attn_norm-0", 0, (model.n_embd, 3, 1, 1), True, spec, 4)
+    want = refused("attn_norm-0", "3 rows where the submitted batch has 4 in this micro-batch")
+    expect("TX-ACC-07", failure == want, f"3 rows for 4: {failure}")
 
 
 @pytest.mark.clause("TX-ACC-09")

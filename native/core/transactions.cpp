@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 namespace retro::tx {
 namespace {
@@ -58,9 +59,13 @@ std::optional<Failure> verify(const Layout & t, const Selector & s, int64_t expe
     }
     const bool two_d = defect(RETRO_DEFECT_TX_ACC_04) ? true : (t.ne[2] == 1 && t.ne[3] == 1);  // seeded defect
     if (!two_d || !t.contiguous || t.ne[0] <= 0 || t.ne[1] <= 0) {
-        return layout_failure(t.name, "not a two-dimensional, non-empty, contiguous tensor [" +
-                                              std::to_string(t.ne[0]) + ", " + std::to_string(t.ne[1]) + ", " +
-                                              std::to_string(t.ne[2]) + ", " + std::to_string(t.ne[3]) + "]");
+        int64_t ne[4] = {t.ne[0], t.ne[1], t.ne[2], t.ne[3]};
+        if (defect(RETRO_DEFECT_TX_ACC_04_REPORT)) {
+            std::swap(ne[0], ne[1]);  // seeded defect: the shape reported rows first
+        }
+        return layout_failure(t.name, "not a two-dimensional, non-empty, contiguous tensor [" + std::to_string(ne[0]) +
+                                              ", " + std::to_string(ne[1]) + ", " + std::to_string(ne[2]) + ", " +
+                                              std::to_string(ne[3]) + "]");
     }
     if (t.ne[0] != s.row_elements) {
         return layout_failure(
