@@ -1,5 +1,6 @@
 """The mutation command on a small fixed sample (the full run's score is in README.md): every
-sampled mutant that compiles is killed by the certification, or listed as equivalent with a reason."""
+judged mutant is killed by the certification's intact runs (not only by a seeded-defect run); the
+invalid and the known-equivalent ones are drawn past."""
 
 from __future__ import annotations
 
@@ -36,6 +37,6 @@ def test_a_fixed_sample_of_mutants_is_killed(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res["sampled"] == 3 and res["generated"] > 100
-    survivors = [m for m in res["mutants"] if m["outcome"] == "survived"]
-    assert not survivors, survivors
+    assert res["judged"] == 3 and res["complete"] and res["generated"] > 1000
+    let_through = [m for m in res["mutants"] if m["outcome"] in ("survived", "weak")]
+    assert not let_through, let_through

@@ -1,22 +1,32 @@
-"""Independent mutation score of the certification: mutate retro's native loop and the code the
-patch series adds to llama.cpp with an off-the-shelf tool (universalmutator), rebuild each mutant
-incrementally, certify the covered clauses against it, and report the mutants the certification
-let through.
+"""Independent mutation score of the certification: mutate the Python API (retro/*.py), retro's
+native core (the loop, tensor transactions, the RPC link, the thread governor) and the lines the
+patch series adds to llama.cpp with an off-the-shelf tool (universalmutator), error-raising lines
+included; rebuild each mutant (or, for Python, put the mutated module in place), judge it by the
+whole certification, and report the mutants it let through.
 
-    python tests/mutation/run.py                 # the full sample (see --sample), figures to README
-    python tests/mutation/run.py --sample 3 --no-defect-proof   # what CI runs: a small fixed sample
+    python tests/mutation/run.py --sample 80 --seed 2026 --out F   # a scored sample, figures to README
+    python tests/mutation/run.py --resume --out F                  # go on with a run that stopped
+    python tests/mutation/run.py --sample 3 --no-defect-proof      # what CI runs: a small fixed sample
 
-A mutant is killed when a check of the certification fails, crashes or hangs against it (the checks'
-intact runs; their seeded-defect runs are proven once, on the unmutated build); it survives when
-every check passes; a mutant that does not compile is
-invalid and not counted. Known-equivalent mutants (tests/mutation/equivalent.toml, each with its
-reason) are reported apart and not counted. The seeded-defect switches, and the branches only they
-open, are never mutated: they are off in a certification's intact runs.
+A mutant is judged by the whole certification (every clause, cpu and rpc). It is *killed* when a
+check's intact run fails, crashes or hangs against it, and fails again when the clauses that failed
+are run once more (a check on a loaded machine can fail by chance); a *weak kill* when the intact runs all pass
+and only a seeded-defect run tells (a defect the baseline catches escapes, or a defect run
+crashes): counted apart, not as a kill; it *survives* when the whole certification reads as on the
+unmutated build. A mutant that does not compile is invalid and not counted; the sample is drawn
+from the seeded shuffle until --sample mutants have been judged. Known-equivalent mutants
+(tests/mutation/equivalent.toml, each with its reason) are reported apart and not counted. The
+seeded-defect switches, and the branches only they open, are never mutated: they are off in a
+certification's intact runs. Results are written after every mutant; --resume continues a run
+over the same sources (and, with --rejudge, judges its survivors and weak kills again once the
+checks have changed).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
 import random
 import re
@@ -42,9 +52,8 @@ PREPARED = BUILD / "llama.cpp"  # the patched llama.cpp tree of this build folde
 sys.path.append(str(REPO))  # after the installed packages: `retro` must stay the built one
 from conformance import registry  # noqa: E402 - the registry is plain data and stdlib code
 
-# the clauses whose checks run the binding: a mutant of the native code can only be killed there
-# (the harness's own clauses certify canaries and known packages)
-COVERED = ",".join(cid for cid, c in registry.clauses().items() if c.subject == "binding")
+# the whole certification judges every mutant
+COVERED = ",".join(registry.clauses())
 # the CPU, and the RPC backend: a second device is where the placement of state and work matters
 BACKENDS = "cpu,rpc"
 # retro's own loop and tensor transactions, and the files of the fork whose patched lines are mutated
@@ -57,8 +66,20 @@ OWN = [
     "native/core/tensor_io.cpp",
     "native/core/transactions.cpp",
     "native/core/decoding.cpp",
+    "native/core/remote.cpp",
+    "native/core/thread_governor.cpp",
 ]
-FORK = ["ggml/src/ggml-opt.cpp", "src/llama-context.cpp"]
+# the Python API; not the benchmarks, the build's stub writer, or retro.testing (the oracles and
+# probes the checks observe through: mutating them mutates the judge)
+PYTHON = sorted(
+    str(p.relative_to(REPO)) for p in (REPO / "retro").glob("*.py") if p.name not in ("bench.py", "_stubgen.py")
+)
+FORK = [
+    "ggml/src/ggml-opt.cpp",
+    "src/llama-context.cpp",
+    "ggml/src/ggml-rpc/ggml-rpc.cpp",
+    "ggml/src/ggml-rpc/transport.cpp",
+]
 # functions no certification can kill a mutant of: the preflight's measurement (no clause covers
 # it; tests/test_preflight.py holds it against the real allocation), and the probes the checks
 # observe through (a blinded probe shows only in the seeded-defect runs, which mutants skip)
@@ -85,7 +106,9 @@ UNCONTRACTED = {
     ),
 }
 # (opt_epoch_stop: the status upstream's loop reports where it stopped, see UNCONTRACTED)
-SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|throw |static_assert|opt_epoch_stop\(")
+SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|static_assert|opt_epoch_stop\(")
+# Python: comments, the seeded-defect switches, and lines that only name types
+PY_SKIP = re.compile(r"^\s*#|seeded\(|^\s*(?:from|import) |TYPE_CHECKING|^\s*@overload")
 # an if (or else if) whose body is a block: its condition, up to the block's opening brace
 BLOCK_IF = re.compile(r"^\s*(?:\}\s*else\s+)?if\s*\((?P<cond>.*)\)\s*\{\s*(?://.*)?$")
 SWITCH = re.compile(r"^\(*\s*(?:retro_defect_on|defect)\(")
@@ -129,6 +152,27 @@ def function_bodies(text: list[str], names: tuple[str, ...]) -> set[int]:
     return inside
 
 
+def python_not_mutated(source: str) -> set[int]:
+    """1-based lines of a Python module no mutant may change: docstrings (and other bare strings),
+    the bodies of branches a seeded-defect switch alone opens, and annotations without a value."""
+    inside: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        bare_string = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if (bare_string and isinstance(node.value.value, str)) or (isinstance(node, ast.AnnAssign) and not node.value):
+            inside.update(range(node.lineno, node.end_lineno + 1))
+        elif isinstance(node, ast.If) and _is_switch(node.test):
+            for stmt in node.body:
+                inside.update(range(stmt.lineno, stmt.end_lineno + 1))
+    return inside
+
+
+def _is_switch(test: ast.expr) -> bool:
+    terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    return any(
+        isinstance(t, ast.Call) and getattr(t.func, "attr", getattr(t.func, "id", None)) == "seeded" for t in terms
+    )
+
+
 @dataclass
 class Mutant:
     file: str  # repo-relative, or llama.cpp/<path> for the fork
@@ -136,7 +180,7 @@ class Mutant:
     original: str
     mutated: str
     path: str  # the mutant file universalmutator wrote
-    outcome: str = ""  # killed | survived | invalid | equivalent
+    outcome: str = ""  # killed | weak | survived | invalid | equivalent
     seconds: float = 0.0
     detail: str = ""
 
@@ -153,13 +197,15 @@ def site_env(site: Path) -> dict[str, str]:
 
 def sync_source() -> None:
     """SOURCE holds the tracked files as the working tree has them; unchanged files keep their
-    times, so the build stays incremental."""
+    times, so the build stays incremental, and a changed one is written now: with the working
+    tree's time it could be older than the objects an earlier build made from its old text."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
         src, dst = REPO / name, SOURCE / name
         if src.is_file() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
+            shutil.copyfile(src, dst)
+            shutil.copymode(src, dst)
 
 
 def build(site: Path) -> subprocess.CompletedProcess[str]:
@@ -176,9 +222,16 @@ def _cap_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-def certify(site: Path, out: Path, timeout: float, *, defects: bool) -> tuple[int, list[str]]:
-    """The exit code, and the clauses whose checks failed or crashed. A mutant's run (defects
-    off) stops at its first failure: one is enough to kill it."""
+@dataclass
+class Certification:
+    returncode: int
+    failed: list[str]  # clauses with a check that failed or crashed
+    verdicts: dict[str, str]  # "CLAUSE on backend" -> its status
+
+
+def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: str = COVERED) -> Certification:
+    """Certify the clauses (every one by default) against the build in site. A run without its
+    seeded defects stops at its first failure: one is enough to kill a mutant."""
     cmd = [
         sys.executable,
         "-S",
@@ -188,7 +241,7 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool) -> tuple[in
         "--backend",
         BACKENDS,
         "--clauses",
-        COVERED,
+        clauses,
         "--out",
         str(out),
         "--case-timeout",
@@ -201,9 +254,16 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool) -> tuple[in
     run = sh([*cmd, *mode], env=site_env(site), cwd=out.parent, preexec_fn=_cap_memory)
     results = out / "results.json"
     if not results.exists():
-        return run.returncode, ["(no results)"]
-    cases = json.loads(results.read_text(encoding="utf-8"))["cases"]
-    return run.returncode, sorted({c for r in cases if r["outcome"] in ("fail", "crash") for c in r["clauses"]})
+        return Certification(run.returncode, ["(no results)"], {})
+    saved = json.loads(results.read_text(encoding="utf-8"))
+    failed = sorted({c for r in saved["cases"] if r["outcome"] in ("fail", "crash") for c in r["clauses"]})
+    verdicts = {f"{cid} on {b}": v for cid, per in saved["clauses"].items() for b, v in per.items()}
+    return Certification(run.returncode, failed, verdicts)
+
+
+def lost(baseline: Certification, mutant: Certification) -> list[str]:
+    """What the baseline's certification passed and the mutant's does not."""
+    return sorted(k for k, v in baseline.verdicts.items() if v == "pass" and mutant.verdicts.get(k) != "pass")
 
 
 def patched_lines(rel: str) -> list[int]:
@@ -220,7 +280,7 @@ def patched_lines(rel: str) -> list[int]:
             "--patches",
             str(empty),
             "--backends",
-            "cpu",
+            "cpu,rpc",
             "--info",
             str(Path(tmp) / "info.json"),
         ]
@@ -236,18 +296,36 @@ def patched_lines(rel: str) -> list[int]:
 
 
 def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> list[Mutant]:
-    text = source.read_text(encoding="utf-8").splitlines()
-    not_mutated = defect_bodies(text) | function_bodies(text, UNCONTRACTED.get(rel.removeprefix("llama.cpp/"), ()))
+    code = source.read_text(encoding="utf-8")
+    text = code.splitlines()
+    python = rel.endswith(".py")
+    if python:
+        not_mutated, skip = python_not_mutated(code), PY_SKIP
+    else:
+        not_mutated = defect_bodies(text) | function_bodies(text, UNCONTRACTED.get(rel.removeprefix("llama.cpp/"), ()))
+        skip = SKIP
     keep = [
         n
         for n in (lines or range(1, len(text) + 1))
-        if n <= len(text) and text[n - 1].strip() and not SKIP.search(text[n - 1]) and n not in not_mutated
+        if n <= len(text) and text[n - 1].strip() and not skip.search(text[n - 1]) and n not in not_mutated
     ]
     out = workdir / re.sub(r"\W", "_", rel)
     out.mkdir(parents=True, exist_ok=True)
     lines_file = out / "lines.txt"
     lines_file.write_text("\n".join(map(str, keep)), encoding="utf-8")
-    sh(["mutate", str(source), "cpp", "--noCheck", "--mutantDir", str(out), "--lines", str(lines_file)])
+    sh(
+        [
+            "mutate",
+            str(source),
+            "python" if python else "cpp",
+            "--noCheck",
+            "--mutantDir",
+            str(out),
+            "--lines",
+            str(lines_file),
+        ],
+        cwd=out,  # where it writes its scratch files
+    )
     mutants = []
     for path in sorted(out.glob("*.mutant.*")):
         mutated = path.read_text(encoding="utf-8").splitlines()
@@ -271,12 +349,27 @@ def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
             loop = re.match(r"for \((.*); (\w+) < ([^;]+); \+\+\2\) \{$", m.original)
             if loop and m.mutated == m.original.replace(f"; {loop[2]} < ", f"; {loop[2]} != ", 1):
                 return e["reason"]
+        elif e.get("kind") == "commutative-arguments":
+            if _swaps_arguments(m.original, m.mutated, e["functions"]):
+                return e["reason"]
         elif e.get("kind") == "seeded-defect-arm":
             if any(_within(m, arm) for flag in e["flags"] for arm in _defect_arms(m.original, flag)):
                 return e["reason"]
         elif e.get("file") == m.file and e.get("original") == m.original and e.get("mutated") == m.mutated:
             return e["reason"]
     return None
+
+
+def _tight(code: str) -> str:
+    """Code without the spaces around punctuation (the spaces between two words stay)."""
+    return re.sub(r"\s+", " ", re.sub(r"\s*([^\w\s])\s*", r"\1", code)).strip()
+
+
+def _swaps_arguments(original: str, mutated: str, functions: list[str]) -> bool:
+    """Whether the mutant only swaps the two (simple) arguments of one call of the functions."""
+    a, b = _tight(original), _tight(mutated)
+    call = re.compile(r"\b(?:" + "|".join(map(re.escape, functions)) + r")\(([^(),]+),([^(),]+)\)")
+    return any(a[: c.start(1)] + c[2] + "," + c[1] + a[c.end(2) :] == b for c in call.finditer(a))
 
 
 def _defect_arms(line: str, flag: str) -> list[tuple[int, int]]:
@@ -311,27 +404,37 @@ def _stop(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sample", type=int, default=60, help="mutants to run, drawn with --seed from all generated")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sample", type=int, help="mutants to judge: killed, weak or survived (80; --resume: as saved)")
+    ap.add_argument("--seed", type=int, help="the shuffle the sample is drawn from, in order (1; --resume: as saved)")
     ap.add_argument("--case-timeout", type=float, default=120.0)
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation-results.json")
     ap.add_argument("--only", action="append", default=None, help="draw mutants from this file only (repeatable)")
     ap.add_argument(
         "--no-defect-proof",
         action="store_true",
-        help="certify the unmutated build without its seeded-defect runs, where another run proves them "
-        "(the test suite's full certification does)",
+        help="do not certify the unmutated build with its seeded-defect runs up front, where another run "
+        "proves them (the test suite's full certification does); a mutant the intact runs let through "
+        "still gets its seeded-defect runs, against a baseline made then",
+    )
+    ap.add_argument("--resume", action="store_true", help="go on with the run in --out (same sources and seed)")
+    ap.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="with --resume: judge again the mutants that survived or were weak kills (the checks changed since)",
     )
     ap.add_argument("--rescore", action="store_true", help="re-triage the survivors of --out against equivalent.toml")
     args = ap.parse_args(argv)
+    saved = json.loads(args.out.read_text(encoding="utf-8")) if (args.resume or args.rescore) else None
+    args.seed = args.seed if args.seed is not None else (saved["seed"] if saved else 1)
+    args.sample = args.sample if args.sample is not None else (saved["sample"] if saved else 80)
     if args.rescore:
-        saved = json.loads(args.out.read_text(encoding="utf-8"))
-        sample = [Mutant(**m) for m in saved["mutants"]]
-        for m in sample:
-            reason = known_equivalent(m, equivalents()) if m.outcome == "survived" else None
+        drawn = [Mutant(**m) for m in saved["mutants"]]
+        for m in drawn:
+            reason = known_equivalent(m, equivalents()) if m.outcome in ("survived", "weak") else None
             if reason:
                 m.outcome, m.detail = "equivalent", reason
-        return report(sample, saved["generated"], saved["seed"], args.out)
+        run = Run(saved["seed"], saved["sample"], saved["generated"], saved["digest"], drawn)
+        return report(run, args.out)
 
     with tempfile.TemporaryDirectory(prefix="retro-mutation-") as tmp:
         work = Path(tmp)
@@ -343,83 +446,225 @@ def main(argv: list[str] | None = None) -> int:
         if first.returncode != 0:
             print(first.stdout[-3000:] + first.stderr[-3000:], file=sys.stderr)
             return 2
-        (work / "baseline").mkdir()
-        rc, failed = certify(site, work / "baseline" / "out", args.case_timeout, defects=not args.no_defect_proof)
-        # without its defect runs no clause can pass the gate: then no check may fail
-        if failed or (rc != 0 and not args.no_defect_proof):
-            print("the unmutated build is not certified: nothing to measure", file=sys.stderr)
+        for rel in PYTHON:  # a Python mutant is put in place in the build, not rebuilt
+            if (site / rel).read_bytes() != (SOURCE / rel).read_bytes():
+                print(f"{rel} is not installed as written: cannot put its mutants in place", file=sys.stderr)
+                return 2
+        judge = Judge(site, work, args.case_timeout)
+        intact = judge.intact_baseline()
+        if intact.failed and not judge.rerun(intact.failed).failed:
+            # a check on a loaded machine failed by chance; the same rule as a mutant's kill
+            print(f"the unmutated build failed {', '.join(intact.failed)} once, then passed", flush=True)
+            intact.failed = []
+        short = intact.failed or ([] if args.no_defect_proof else judge.defect_baseline_shortfall())
+        if short:
+            print(f"the unmutated build is not certified ({', '.join(short)}): nothing to measure", file=sys.stderr)
             return 2
+
         mutants: list[Mutant] = []
-        for rel in OWN:
+        for rel in OWN + PYTHON:
             mutants += generate(SOURCE / rel, rel, None, work / "mutants")
         for rel in FORK:
             mutants += generate(PREPARED / rel, f"llama.cpp/{rel}", patched_lines(rel), work / "mutants")
         if args.only:
             mutants = [m for m in mutants if m.file in args.only]
-        generated = len(mutants)
         random.Random(args.seed).shuffle(mutants)
-        sample = sorted(mutants[: args.sample], key=lambda m: (m.file, m.line))
+        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [])
+        if saved:
+            if (saved["digest"], saved["seed"]) != (run.digest, run.seed):
+                print(f"{args.out} was drawn from other sources or another seed: cannot resume it", file=sys.stderr)
+                return 2
+            run.drawn = [Mutant(**m) for m in saved["mutants"] if m["outcome"]]
+            for m, kept in zip(mutants, run.drawn):
+                kept.path = m.path  # the mutant files of this run
         known = equivalents()
-        print(f"{generated} mutants generated; running {len(sample)}", flush=True)
-        for n, m in enumerate(sample, 1):
-            reason = known_equivalent(m, known)
-            if reason:
-                m.outcome, m.detail = "equivalent", reason
-                print(f"[{n}/{len(sample)}] {m.file}:{m.line} equivalent ({reason})", flush=True)
-                continue
-            target = (
-                SOURCE / m.file if not m.file.startswith("llama.cpp/") else PREPARED / m.file.removeprefix("llama.cpp/")
-            )
-            original = target.read_bytes()
-            t0 = time.monotonic()
-            try:
-                shutil.copyfile(m.path, target)
-                built = build(site)
-                if built.returncode != 0:
-                    m.outcome, m.detail = "invalid", "does not compile"
+        print(f"{run.generated} mutants generated; judging {run.sample}, {run.judged} judged already", flush=True)
+        again = [m for m in run.drawn if m.outcome in ("survived", "weak")] if args.rejudge else []
+        try:
+            for m in again:
+                judge.mutant(m)
+                save(run, args.out)
+                print(f"[again] {m.file}:{m.line} {m.outcome} ({m.seconds} s)" + (f" [{m.detail}]" if m.detail else ""))
+            for m in mutants[len(run.drawn) :]:
+                if run.judged >= run.sample:
+                    break
+                run.drawn.append(m)
+                reason = known_equivalent(m, known)
+                if reason:
+                    m.outcome, m.detail = "equivalent", reason
                 else:
-                    (work / f"m{n}").mkdir()
-                    # the checks' intact runs judge a mutant; their defect runs were proven on the baseline
-                    _, failed = certify(site, work / f"m{n}" / "out", args.case_timeout, defects=False)
-                    m.outcome = "killed" if failed else "survived"
-                    m.detail = "failed: " + ", ".join(failed) if failed else ""
-            finally:
-                target.write_bytes(original)
-            m.seconds = round(time.monotonic() - t0, 1)
-            print(
-                f"[{n}/{len(sample)}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): {m.original!r} -> {m.mutated!r}"
-                + (f" [{m.detail}]" if m.detail else ""),
-                flush=True,
-            )
-        build(site)  # leave the build folder as the sources are
-
-    return report(sample, generated, args.seed, args.out)
+                    judge.mutant(m)
+                save(run, args.out)
+                print(
+                    f"[{run.judged}/{run.sample}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): "
+                    f"{m.original!r} -> {m.mutated!r}" + (f" [{m.detail}]" if m.detail else ""),
+                    flush=True,
+                )
+        finally:
+            build(site)  # leave the build folder as the sources are
+    return report(run, args.out)
 
 
-def report(sample: list[Mutant], generated: int, seed: int, out: Path) -> int:
-    counted = [m for m in sample if m.outcome in ("killed", "survived")]
-    killed = sum(m.outcome == "killed" for m in counted)
-    score = 100.0 * killed / len(counted) if counted else 0.0
-    summary = {
-        "generated": generated,
-        "sampled": len(sample),
-        "seed": seed,
-        "killed": killed,
-        "survived": len(counted) - killed,
-        "invalid": sum(m.outcome == "invalid" for m in sample),
-        "equivalent": sum(m.outcome == "equivalent" for m in sample),
-        "score_percent": round(score, 1),
-        "mutants": [asdict(m) for m in sample],
+JUDGED = ("killed", "weak", "survived")
+
+
+@dataclass
+class Run:
+    seed: int
+    sample: int  # mutants to judge
+    generated: int
+    digest: str  # of the shuffled mutants: a run resumes only over the same draw
+    drawn: list[Mutant]  # in draw order, the invalid and the equivalent included
+
+    @property
+    def judged(self) -> int:
+        return sum(m.outcome in JUDGED for m in self.drawn)
+
+
+def digest(mutants: list[Mutant]) -> str:
+    h = hashlib.sha256()
+    for m in mutants:
+        h.update(f"{m.file}\0{m.line}\0{m.original}\0{m.mutated}\n".encode())
+    return h.hexdigest()
+
+
+class Judge:
+    """Puts each mutant in place, certifies it, and puts the sources back."""
+
+    def __init__(self, site: Path, work: Path, timeout: float) -> None:
+        self.site, self.work, self.timeout = site, work, timeout
+        self._defect_baseline: Certification | None = None
+        self._runs = 0
+
+    def _certify(self, *, defects: bool, clauses: list[str] | None = None) -> Certification:
+        self._runs += 1
+        out = self.work / f"run{self._runs}" / "out"
+        out.parent.mkdir()
+        return certify(self.site, out, self.timeout, defects=defects, clauses=",".join(clauses or [COVERED]))
+
+    def intact_baseline(self) -> Certification:
+        return self._certify(defects=False)
+
+    def rerun(self, failed: list[str]) -> Certification:
+        """The clauses that failed, run once more without their defects (all of them when the
+        run left no results)."""
+        return self._certify(defects=False, clauses=None if "(no results)" in failed else failed)
+
+    def defect_baseline(self) -> Certification:
+        if self._defect_baseline is None:
+            self._defect_baseline = self._certify(defects=True)
+        return self._defect_baseline
+
+    def defect_baseline_shortfall(self) -> list[str]:
+        """What keeps the unmutated build from being certified: failed clauses, or ones not passing."""
+        base = self.defect_baseline()
+        short = base.failed or [k for k, v in base.verdicts.items() if v not in ("pass", "not supported")]
+        return short or ([] if base.returncode == 0 else [f"exit status {base.returncode}"])
+
+    def mutant(self, m: Mutant) -> None:
+        python = m.file.endswith(".py")
+        if python:
+            target = self.site / m.file
+        elif m.file.startswith("llama.cpp/"):
+            target = PREPARED / m.file.removeprefix("llama.cpp/")
+        else:
+            target = SOURCE / m.file
+        original = target.read_bytes()
+        t0 = time.monotonic()
+        try:
+            shutil.copyfile(m.path, target)
+            if python:
+                _drop_bytecode(target)
+            if not self._compiles(m, python):
+                m.outcome, m.detail = "invalid", "does not compile"
+            else:
+                self._judge(m)
+        finally:
+            target.write_bytes(original)
+            if python:
+                _drop_bytecode(target)
+        m.seconds = round(time.monotonic() - t0, 1)
+
+    def _compiles(self, m: Mutant, python: bool) -> bool:
+        if python:
+            try:
+                compile(Path(m.path).read_text(encoding="utf-8"), m.file, "exec")
+                return True
+            except SyntaxError:
+                return False
+        return build(self.site).returncode == 0
+
+    def _judge(self, m: Mutant) -> None:
+        # a check on a loaded machine can fail by chance: a kill is a failure that a second run of
+        # the clauses that failed repeats (a mutant failing intermittently, twice over, is killed too)
+        chance = []
+        for _ in range(2):
+            intact = self._certify(defects=False)
+            if not intact.failed:
+                break
+            if self.rerun(intact.failed).failed:
+                m.outcome, m.detail = "killed", "failed, twice: " + ", ".join(intact.failed)
+                return
+            chance.append(", ".join(intact.failed))
+        else:
+            m.outcome, m.detail = "killed", "failed intermittently: " + "; ".join(chance)
+            return
+        # the intact runs let it through: only the seeded-defect runs can still tell
+        base = self.defect_baseline()
+        with_defects = self._certify(defects=True)
+        short = sorted(set(with_defects.failed) | set(lost(base, with_defects)))
+        if short:
+            m.outcome, m.detail = "weak", "only a seeded-defect run tells: " + ", ".join(short)
+        else:
+            m.outcome, m.detail = "survived", ""
+
+
+def _drop_bytecode(module: Path) -> None:
+    """A mutant written in the same second as the module it replaces can keep the old bytecode."""
+    for pyc in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
+        pyc.unlink(missing_ok=True)
+
+
+def summary(run: Run) -> dict:
+    counts = {k: sum(m.outcome == k for m in run.drawn) for k in (*JUDGED, "invalid", "equivalent")}
+    judged = run.judged
+    return {
+        "seed": run.seed,
+        "sample": run.sample,
+        "generated": run.generated,
+        "digest": run.digest,
+        "drawn": len(run.drawn),
+        "judged": judged,
+        "complete": judged >= run.sample,
+        **counts,
+        # a weak kill is not a kill: the certification's intact runs let it through
+        "score_percent": round(100.0 * counts["killed"] / judged, 1) if judged else 0.0,
+        "score_with_weak_percent": round(100.0 * (counts["killed"] + counts["weak"]) / judged, 1) if judged else 0.0,
+        "mutants": [asdict(m) for m in run.drawn],
     }
+
+
+def save(run: Run, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary(run), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out)  # a run stopped mid-write keeps the last whole record
+
+
+def report(run: Run, out: Path) -> int:
+    save(run, out)
+    s = summary(run)
     print(
-        f"mutation score: {score:.1f} % ({killed} of {len(counted)} non-equivalent, compiling mutants killed; "
-        f"{summary['invalid']} invalid, {summary['equivalent']} equivalent); results in {out}"
+        f"mutation score: {s['score_percent']:.1f} % ({s['killed']} of {s['judged']} judged mutants killed by the "
+        f"intact certification; {s['weak']} weak kills, only a seeded-defect run tells: "
+        f"{s['score_with_weak_percent']:.1f} % with them; {s['survived']} survived; "
+        f"{s['invalid']} invalid and {s['equivalent']} equivalent not counted; seed {run.seed}, "
+        f"{s['drawn']} drawn of {run.generated}){'' if s['complete'] else ' - incomplete: --resume goes on'}; "
+        f"results in {out}"
     )
-    for m in sample:
-        if m.outcome == "survived":
-            print(f"  survived: {m.file}:{m.line}: {m.original!r} -> {m.mutated!r}")
+    for m in run.drawn:
+        if m.outcome in ("survived", "weak"):
+            print(f"  {m.outcome}: {m.file}:{m.line}: {m.original!r} -> {m.mutated!r}")
     return 0
 
 
