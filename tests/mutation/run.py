@@ -570,49 +570,56 @@ class Judge:
         else:
             target = SOURCE / m.file
         original = target.read_bytes()
-        t0 = time.monotonic()
-        try:
-            shutil.copyfile(m.path, target)
+
+        def put(text: bytes) -> bool:
+            """The file as text in the build: whether it compiles."""
+            target.write_bytes(text)
             if python:
                 _drop_bytecode(target)
-            if not self._compiles(m, python):
+                try:
+                    compile(text.decode("utf-8"), m.file, "exec")
+                    return True
+                except SyntaxError:
+                    return False
+            return build(self.site).returncode == 0
+
+        t0 = time.monotonic()
+        try:
+            if not put(Path(m.path).read_bytes()):
                 m.outcome, m.detail = "invalid", "does not compile"
-            else:
-                self._judge(m)
+            elif not self._killed(m):
+                if self._defect_baseline is None:
+                    # the seeded-defect baseline is the unmutated build's: made with the original in place
+                    put(original)
+                    self.defect_baseline()
+                    put(Path(m.path).read_bytes())
+                self._weak_or_survived(m)
         finally:
             target.write_bytes(original)
             if python:
                 _drop_bytecode(target)
         m.seconds = round(time.monotonic() - t0, 1)
 
-    def _compiles(self, m: Mutant, python: bool) -> bool:
-        if python:
-            try:
-                compile(Path(m.path).read_text(encoding="utf-8"), m.file, "exec")
-                return True
-            except SyntaxError:
-                return False
-        return build(self.site).returncode == 0
-
-    def _judge(self, m: Mutant) -> None:
-        # a check on a loaded machine can fail by chance: a kill is a failure that a second run of
-        # the clauses that failed repeats (a mutant failing intermittently, twice over, is killed too)
+    def _killed(self, m: Mutant) -> bool:
+        """Judge by the intact runs; a check on a loaded machine can fail by chance, so a kill is a
+        failure that a second run of the clauses that failed repeats (a mutant failing
+        intermittently, twice over, is killed too)."""
+        m.outcome, m.detail = "", ""
         chance = []
         for _ in range(2):
             intact = self._certify(defects=False)
             if not intact.failed:
-                break
+                return False
             if self.rerun(intact.failed).failed:
                 m.outcome, m.detail = "killed", "failed, twice: " + ", ".join(intact.failed)
-                return
+                return True
             chance.append(", ".join(intact.failed))
-        else:
-            m.outcome, m.detail = "killed", "failed intermittently: " + "; ".join(chance)
-            return
-        # the intact runs let it through: only the seeded-defect runs can still tell
-        base = self.defect_baseline()
-        with_defects = self._certify(defects=True)
-        short = sorted(set(with_defects.failed) | set(lost(base, with_defects)))
+        m.outcome, m.detail = "killed", "failed intermittently: " + "; ".join(chance)
+        return True
+
+    def _weak_or_survived(self, m: Mutant) -> None:
+        """The intact runs let it through: only the seeded-defect runs can still tell."""
+        short = lost(self.defect_baseline(), self._certify(defects=True))
         if short:
             m.outcome, m.detail = "weak", "only a seeded-defect run tells: " + ", ".join(short)
         else:
