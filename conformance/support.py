@@ -81,7 +81,7 @@ def every_micro_batch(n: int) -> range:
     return range(1, n if registry.seeded("HARNESS-03") else n + 1)  # seeded defect: the last one left out
 
 
-def subset(ds: retro.TokenDataset, rows: slice) -> retro.TokenDataset:
+def subset(ds: retro.TokenDataset, rows: slice | list[int]) -> retro.TokenDataset:
     return retro.TokenDataset(np.ascontiguousarray(ds.tokens[rows]), np.ascontiguousarray(ds.labels[rows]))
 
 

@@ -121,22 +121,31 @@ def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optim
 
 
 @pytest.mark.clause("CANCEL-04")
+@pytest.mark.parametrize("cancelled_in", ["train", "eval"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, seed, optimizer):
-    """Accumulation 2, cancelled after the first micro-batch of the second period: that
-    micro-batch's gradient is discarded. A later call then equals a run that never saw it; the
+def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, seed, optimizer, cancelled_in):
+    """Accumulation 2, the first micro-batch of the second period trained, then cancelled: right
+    after it (train), or in the evaluation tail that follows it, the period still pending (eval).
+    That micro-batch's gradient is discarded: a later call equals a run that never saw it, and the
     accumulators read back are zero right after the cancel."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(5, 256, probe.n_vocab, seed + 12)
+        ds = support.windows(6, 256, probe.n_vocab, seed + 12)
     opt = OPTIMIZERS[optimizer]
-    first, discarded, later = (
-        support.subset(ds, slice(0, 2)),
-        support.subset(ds, slice(0, 3)),
-        support.subset(ds, slice(3, 5)),
-    )
+    first, later = support.subset(ds, slice(0, 2)), support.subset(ds, slice(3, 5))
+    if cancelled_in == "train":
+        discarded, frac, stop = support.subset(ds, slice(0, 3)), 0.0, _stop_at(3, [])
+    else:  # windows 0-2 train, windows 5 and 4 evaluate: cancelled after the first of them
+        discarded = support.subset(ds, [0, 1, 2, 5, 4])
+        frac, stop = 0.4, _stop_at(1, [], train=False)
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
-            tr.epoch(discarded, progress=_stop_at(3, []))
+            m = tr.epoch(discarded, val_fraction=frac, progress=stop)
+            if cancelled_in == "eval":
+                expect(
+                    "CANCEL-04",
+                    (m.train_micro_batches, m.eval_micro_batches, m.epoch_complete) == (3, 1, False),
+                    f"not cancelled in the evaluation tail: {m}",
+                )
             expect(
                 "CANCEL-04",
                 tr.period_position == 0,
