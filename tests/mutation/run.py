@@ -227,6 +227,7 @@ class Certification:
     returncode: int
     failed: list[str]  # clauses with a check that failed or crashed
     verdicts: dict[str, str]  # "CLAUSE on backend" -> its status
+    first_failure: str = ""  # the first failed check and the head of its message
 
 
 def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: str = COVERED) -> Certification:
@@ -258,7 +259,9 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: st
     saved = json.loads(results.read_text(encoding="utf-8"))
     failed = sorted({c for r in saved["cases"] if r["outcome"] in ("fail", "crash") for c in r["clauses"]})
     verdicts = {f"{cid} on {b}": v for cid, per in saved["clauses"].items() for b, v in per.items()}
-    return Certification(run.returncode, failed, verdicts)
+    first = next((r for r in saved["cases"] if r["outcome"] in ("fail", "crash")), None)
+    head = f"{first['nodeid'].split('::')[-1]}: {(first.get('message') or '')[:300]}" if first else ""
+    return Certification(run.returncode, failed, verdicts, head)
 
 
 def lost(baseline: Certification, mutant: Certification) -> list[str]:
@@ -355,7 +358,7 @@ def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
         elif e.get("kind") == "seeded-defect-arm":
             if any(_within(m, arm) for flag in e["flags"] for arm in _defect_arms(m.original, flag)):
                 return e["reason"]
-        elif e.get("file") == m.file and e.get("original") == m.original and e.get("mutated") == m.mutated:
+        elif e.get("file") == m.file and e.get("original") == m.original and e.get("mutated", m.mutated) == m.mutated:
             return e["reason"]
     return None
 
@@ -535,6 +538,9 @@ class Judge:
         self.site, self.work, self.timeout = site, work, timeout
         self._defect_baseline: Certification | None = None
         self._runs = 0
+        # the build holds native code other than the sources' (a mutant's, or an invalid mutant's
+        # predecessor): a Python mutant is judged only after a rebuild
+        self._stale_native = False
 
     def _certify(self, *, defects: bool, clauses: list[str] | None = None) -> Certification:
         self._runs += 1
@@ -570,6 +576,9 @@ class Judge:
         else:
             target = SOURCE / m.file
         original = target.read_bytes()
+        if python and self._stale_native:
+            build(self.site)
+            self._stale_native = False
 
         def put(text: bytes) -> bool:
             """The file as text in the build: whether it compiles."""
@@ -581,6 +590,7 @@ class Judge:
                     return True
                 except SyntaxError:
                     return False
+            self._stale_native = True
             return build(self.site).returncode == 0
 
         t0 = time.monotonic()
@@ -610,8 +620,10 @@ class Judge:
             intact = self._certify(defects=False)
             if not intact.failed:
                 return False
-            if self.rerun(intact.failed).failed:
-                m.outcome, m.detail = "killed", "failed, twice: " + ", ".join(intact.failed)
+            again = self.rerun(intact.failed)
+            if again.failed:
+                m.outcome = "killed"
+                m.detail = f"failed, twice: {', '.join(intact.failed)} ({again.first_failure or intact.first_failure})"
                 return True
             chance.append(", ".join(intact.failed))
         m.outcome, m.detail = "killed", "failed intermittently: " + "; ".join(chance)
