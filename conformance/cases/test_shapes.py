@@ -90,13 +90,22 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
 
 
 @pytest.mark.clause("SHAPE-02")
-def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, model_path, seed):
+def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, model_path, seed, monkeypatch):
     with support.load(backend, model_path) as model:
+        # the CPU thread count's bound (512), named or from RETRO_THREADS: legal at it, refused past it
+        monkeypatch.setenv("RETRO_THREADS", "512")
+        with retro.Context(model, n_ctx=256) as at_limit:
+            expect("SHAPE-02", at_limit.n_threads == 512, f"RETRO_THREADS=512 gave {at_limit.n_threads} threads")
+        monkeypatch.setenv("RETRO_THREADS", "513")
+        err = raised(lambda: retro.Context(model, n_ctx=256))
+        expect("SHAPE-02", type(err) is OverflowError, f"RETRO_THREADS=513: raised {err!r}, expected OverflowError")
+        monkeypatch.undo()
         past = [
             ("n_ctx", lambda: retro.Context(model, n_ctx=2**31 + 256)),
             ("n_batch", lambda: retro.Context(model, n_ctx=256, n_batch=2**32 + 256)),
             ("n_ubatch", lambda: retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=2**32 + 64)),
             ("n_threads", lambda: retro.Context(model, n_threads=2**32 + 1)),
+            ("n_threads = 513", lambda: retro.Context(model, n_ctx=256, n_threads=513)),
             ("gpu_layers", lambda: retro.Model.load(model_path, devices=[], gpu_layers=INT64_MAX)),
             ("window width", lambda: retro.TokenDataset.from_tokens(np.arange(10), width=2**32 + 4)),
             ("token id", lambda: retro.TokenDataset.from_tokens(np.full(10, 2**32 + 5, np.int64), width=4)),
