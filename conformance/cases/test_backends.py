@@ -39,6 +39,26 @@ def _train_and_decode(backend: backends.Backend, path, ds, gpu_layers: int = -1)
     return np.array(losses), params, logits, moments
 
 
+def _agrees_with_cpu(placement: str, got, on_cpu) -> None:
+    """Losses, parameters, logits and AdamW moments of _train_and_decode against the CPU's, by NMSE."""
+    losses, params, logits, moments = got
+    against_oracle("HARNESS-01", f"{placement}: train loss per epoch", losses, on_cpu[0], TOLERANCE["loss"])
+    for name in sorted(on_cpu[1]):
+        against_oracle(
+            "HARNESS-01",
+            f"{placement}: {name} after 8 AdamW steps",
+            params[name],
+            on_cpu[1][name],
+            TOLERANCE["parameters"],
+        )
+    against_oracle("HARNESS-01", f"{placement}: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"])
+    for name in sorted(on_cpu[3]):
+        for which, actual, expected in zip("mv", moments[name], on_cpu[3][name], strict=True):
+            against_oracle(
+                "HARNESS-01", f"{placement}: AdamW {which} of {name}", actual, expected, TOLERANCE["moments"]
+            )
+
+
 @pytest.mark.clause("HARNESS-01")
 @pytest.mark.drives(*(f"gpu_layers={n}" for n in PLACEMENTS.values()))
 def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
@@ -82,28 +102,7 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
     ds = support.windows(8, 256, 512, seed)
     on_cpu = _train_and_decode(support.CPU, model_path, ds)
     for placement, gpu_layers in PLACEMENTS.items():
-        losses, params, logits, moments = _train_and_decode(backend, model_path, ds, gpu_layers)
-        against_oracle("HARNESS-01", f"{placement}: train loss per epoch", losses, on_cpu[0], TOLERANCE["loss"])
-        for name in sorted(on_cpu[1]):
-            against_oracle(
-                "HARNESS-01",
-                f"{placement}: {name} after 8 AdamW steps",
-                params[name],
-                on_cpu[1][name],
-                TOLERANCE["parameters"],
-            )
-        against_oracle(
-            "HARNESS-01", f"{placement}: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"]
-        )
-        for name in sorted(on_cpu[3]):
-            for which, actual, expected in zip("mv", moments[name], on_cpu[3][name], strict=True):
-                against_oracle(
-                    "HARNESS-01",
-                    f"{placement}: AdamW {which} of {name}",
-                    actual,
-                    expected,
-                    TOLERANCE["moments"],
-                )
+        _agrees_with_cpu(placement, _train_and_decode(backend, model_path, ds, gpu_layers), on_cpu)
 
 
 @pytest.mark.clause("HARNESS-01")
@@ -125,20 +124,5 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
             f"the weights are not split over the two servers' devices: {per_device}",
         )
         ds = support.windows(8, 256, 512, seed)
-        losses, params, logits, moments = _train_and_decode(split, model_path, ds)
-    on_cpu = _train_and_decode(support.CPU, model_path, ds)
-    against_oracle("HARNESS-01", "two servers: train loss per epoch", losses, on_cpu[0], TOLERANCE["loss"])
-    for name in sorted(on_cpu[1]):
-        against_oracle(
-            "HARNESS-01",
-            f"two servers: {name} after 8 AdamW steps",
-            params[name],
-            on_cpu[1][name],
-            TOLERANCE["parameters"],
-        )
-    against_oracle("HARNESS-01", "two servers: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"])
-    for name in sorted(on_cpu[3]):
-        for which, actual, expected in zip("mv", moments[name], on_cpu[3][name], strict=True):
-            against_oracle(
-                "HARNESS-01", f"two servers: AdamW {which} of {name}", actual, expected, TOLERANCE["moments"]
-            )
+        got = _train_and_decode(split, model_path, ds)
+    _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, ds))
