@@ -4,32 +4,15 @@ compute gets. Its speed under load is measured by ``python -m retro.bench``, not
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import retro
+from retro.testing import busy_processes
 
 CORES = len(os.sched_getaffinity(0))
-SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
-
-
-@contextmanager
-def busy_processes(n: int) -> Iterator[None]:
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(n)]
-    try:
-        time.sleep(0.3)  # started and runnable
-        yield
-    finally:
-        for s in spinners:
-            s.kill()
-            s.wait()
 
 
 def train_once(c: retro.Context, model: retro.Model) -> None:

@@ -4,10 +4,6 @@ own accumulation period), BASE-02 (determinism), BASE-03 (read-back and save/rel
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -15,7 +11,7 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect, measure
-from retro.testing import reference, upstream_epoch
+from retro.testing import busy_processes, reference, upstream_epoch
 
 
 def _train(backend, path, ds, *, optimizer, accumulation, split=None):
@@ -142,22 +138,6 @@ def test_same_state_data_and_options_give_same_parameters(backend, model_path, s
         support.assert_close(np.array(l2), np.array(l1), backend, "losses of equal runs")
 
 
-#: what the machine runs beside a check that trains under load: one spinning process per usable core
-SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
-
-
-@contextmanager
-def every_core_busy():
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(len(os.sched_getaffinity(0)))]
-    try:
-        time.sleep(0.3)  # started and runnable: /proc/loadavg counts them
-        yield
-    finally:
-        for s in spinners:
-            s.kill()
-            s.wait()
-
-
 @pytest.mark.clause("BASE-02")
 @pytest.mark.parametrize("threads", ["fixed", "adaptive"])
 def test_the_thread_count_changes_no_parameter(backend, model_path, seed, threads, monkeypatch):
@@ -179,7 +159,7 @@ def test_the_thread_count_changes_no_parameter(backend, model_path, seed, thread
     counts: list[int] = []
     if threads == "adaptive":
         monkeypatch.delenv("RETRO_THREADS", raising=False)  # certification fixes the count; a user's run does not
-    with every_core_busy():
+    with busy_processes(seconds=60):  # every usable core
         loaded, adaptive = train(None if threads == "adaptive" else ceiling, counts)
     measure("threads", path=threads, ceiling=ceiling, counts=",".join(map(str, counts)))
     # the path ran: the count followed the load (fell below the ceiling), or stayed where it was fixed

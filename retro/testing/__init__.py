@@ -3,6 +3,7 @@ training loop as an oracle, a numpy reference of the tiny model's training math
 (``retro.testing.reference``, imported on its own: it needs the conformance extra's autograd), and
 probes of native state."""
 
+from .load import busy_processes
 from .models import TinyLlamaSpec, write_tiny_llama
 from .oracle import upstream_epoch
 from .probes import (
@@ -22,6 +23,7 @@ __all__ = [
     "LiveAllocations",
     "PackedBatch",
     "TinyLlamaSpec",
+    "busy_processes",
     "label_rows",
     "last_step_forward_nodes",
     "last_step_tokens",
