@@ -64,22 +64,42 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
 
 
 @pytest.mark.clause("FAIL-02", "FAIL-03")
+@pytest.mark.drives("callback=progress", "callback=epoch")
 @pytest.mark.parametrize(
-    "site, optimizer, accumulation",
-    [("alloc", "sgd", 1), ("compute", "sgd", 1), ("graph_build", "adamw", 2), ("compute", "adamw", 2)],
+    "site, optimizer, accumulation, start",
+    [
+        ("alloc", "sgd", 1, "boundary"),
+        ("compute", "sgd", 1, "boundary"),
+        ("graph_build", "adamw", 2, "boundary"),
+        ("graph_build", "adamw", 2, "mid-period"),
+        ("compute", "adamw", 2, "mid-period"),
+    ],
 )
-def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_path, seed, site, optimizer, accumulation):
-    """Failing micro-batch k: the progress callback saw only 1..k-1, the optimizer iteration is the
-    one the last completed step left, and (after a before-compute failure) the next call asks the
-    learning-rate schedule for the failed step again."""
+def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
+    backend, model_path, seed, site, optimizer, accumulation, start
+):
+    """Failing micro-batch k: the progress callback and the caller's C epoch callback heard only of
+    1..k-1, the optimizer iteration is the one the last completed step left, and (after a
+    before-compute failure) the next call asks the learning-rate schedule for the failed step
+    again. From mid-period, the call starts with one micro-batch of a period already accumulated
+    (by an earlier call of one micro-batch): its first micro-batch closes that period, so the step
+    counts run one micro-batch ahead of the call's own count, and the schedule is asked for steps
+    0, 1, ... in order, each once, before the micro-batch that takes it."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(2, 256, probe.n_vocab, seed + 21)
+        one_micro_batch = support.windows(1, 64, probe.n_vocab, seed + 23)
     for k in (1, 3, 8):
         asked: list[int] = []
 
         def schedule(step: int, horizon: int) -> float:
             asked.append(step)
             return 0.05 if optimizer == "sgd" else 2e-3
+
+        heard: list[tuple[bool, int]] = []
+
+        @retro.EpochCallback
+        def c_callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us):
+            heard.append((bool(train), int(ibatch)))
 
         with (
             support.load(backend, model_path) as model,
@@ -88,6 +108,11 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_pat
                 ctx, optimizer=_optimizer(optimizer), accumulation=accumulation, schedule=schedule, horizon=100
             ) as tr,
         ):
+            pending = 0
+            if start == "mid-period":
+                tr.epoch(one_micro_batch)
+                pending = tr.period_position
+                assert pending == 1 and tr.iteration == 1, "one micro-batch of an accumulation period of 2"
             seen: list[int] = []
 
             def progress(p: retro.Progress) -> bool:
@@ -97,13 +122,25 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(backend, model_pat
             fi.reset()
             fi.arm(site, k)
             with pytest.raises(retro.TrainingError):
-                tr.epoch(ds, progress=progress)
-            expect("FAIL-02", seen == list(range(1, k)), f"{site} at {k}: callbacks for {seen}")
-            completed_steps = (k - 1) // accumulation
+                tr.epoch(ds, progress=progress, epoch_callback=c_callback)
+            expect("FAIL-02", seen == list(range(1, k)), f"{site} at {k}: progress callbacks for {seen}")
+            expect(
+                "FAIL-02",
+                heard == [(True, i) for i in range(1, k)],
+                f"{site} at {k}: the C epoch callback heard of {heard}",
+            )
+            completed_steps = (pending + k - 1) // accumulation
             expect(
                 "FAIL-03",
                 tr.iteration == 1 + completed_steps,
-                f"{site} at {k}: cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}",
+                f"{site} at {k} ({start}): cursor {tr.iteration}, the last completed step leaves {1 + completed_steps}",
+            )
+            # the failed micro-batch asked too, where it closes a period (before its compute)
+            closing = (pending + k) // accumulation
+            expect(
+                "FAIL-03",
+                asked == list(range(closing)),
+                f"{site} at {k} ({start}): the schedule was asked for steps {asked}, not 0..{closing - 1}",
             )
             if site != "compute":  # a compute failure poisons the trainer: no next call
                 fi.reset()

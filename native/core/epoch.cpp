@@ -182,8 +182,10 @@ EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_er
             }
             // a micro-batch that closes a period takes an optimizer step: its scheduled rate is
             // asked for first, so that a schedule that raises stops the call before the step
-            if (train && schedule_ && ggml_opt_period_pos(opt) == ggml_opt_period(opt) - 1 &&
-                !schedule_next_step(scope)) {
+            const int64_t period_pos = defect(RETRO_DEFECT_FAIL_03_CALL_COUNT)
+                                               ? done % ggml_opt_period(opt)  // seeded defect: the call's own count
+                                               : ggml_opt_period_pos(opt);
+            if (train && schedule_ && period_pos == ggml_opt_period(opt) - 1 && !schedule_next_step(scope)) {
                 stopped = true;
                 break;
             }
@@ -204,6 +206,10 @@ EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_er
                                                             r.weights ? r.weights + off * r.k : nullptr, r.k,
                                                             step.n_tokens, (llama_pos) (off - step.window * r.width),
                                                             train, result);
+            if (defect(RETRO_DEFECT_FAIL_02_EPOCH_CALLBACK) && r.epoch_callback) {
+                // seeded defect: the caller's callback hears of the micro-batch before its status is read
+                r.epoch_callback(train, opt, nullptr, result, done + 1, total, t_phase_us);
+            }
             if (status != LLAMA_OPT_STATUS_OK) {
                 failed_status = status;
                 stopped       = true;
@@ -235,7 +241,7 @@ EpochMetrics Trainer::epoch(const EpochRequest & r, EpochMetrics * ran_before_er
                 stopped = true;  // seeded defect: the request is checked before the callback
                 break;
             }
-            if (r.epoch_callback) {
+            if (r.epoch_callback && !defect(RETRO_DEFECT_FAIL_02_EPOCH_CALLBACK)) {
                 r.epoch_callback(train, opt, nullptr, result, done, total, t_phase_us);
             }
             if (runtime_reached) {
