@@ -71,7 +71,10 @@ def test_a_context_refuses_bad_transactions_and_generation_arguments(model, prof
     with pytest.raises(TypeError):
         retro.Context(model, transactions=object())  # type: ignore[arg-type]
     with retro.Context(model, n_ctx=256, n_batch=64) as ctx:
-        for kwargs in ({"max_new": 0}, {"max_new": 4, "temperature": -1.0}, {"max_new": 4, "n_draft": 0}):
+        refused = [{"max_new": 0}, {"max_new": 4, "n_draft": 0}]
+        # the temperature's bounds exactly: just below 0 and just above 100
+        refused += [{"max_new": 4, "temperature": t} for t in (-1e-6, -1.0, 100.0001, float("nan"))]
+        for kwargs in refused:
             with pytest.raises(ValueError):
                 ctx.generate([1, 2], **kwargs)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
