@@ -174,15 +174,18 @@ def test_the_row_plan_is_the_reference_and_built_once_per_call(backend, model_pa
 def test_physical_tokens_are_what_llama_cpp_computed(backend, model_path, seed):
     """After every micro-batch, the tokens llama.cpp's graph computed (read from the fork's step,
     padding included) are summed: the epoch's physical token count equals that sum, and its logical
-    count the tokens with a weighted target of their own document, counted here from the arrays.
-    The data holds padding, so that the two differ."""
+    count the tokens with a weighted target of their own document, counted here from the arrays;
+    the row plan asked before the call (Trainer.plan) forecasts the same physical count. The data
+    holds padding, so that the two differ."""
     n_vocab = _n_vocab(backend, model_path)
     ds = _packed(n_vocab, seed + 73, windows=3, weighted=True)
     computed: list[int] = []
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64, sequences=SEQUENCES) as ctx:
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.25)) as tr:
+            planned = tr.plan(ds, val_fraction=0.34).physical_tokens
             m = tr.epoch(ds, val_fraction=0.34, progress=lambda p: computed.append(last_step_tokens(ctx)))
     expect("HOST-04", len(computed) == m.micro_batches, f"{len(computed)} steps seen, {m.micro_batches} reported")
+    expect("HOST-04", planned == sum(computed), f"the row plan says {planned} physical tokens, {sum(computed)} ran")
     expect(
         "HOST-04",
         m.physical_tokens == sum(computed),

@@ -18,14 +18,18 @@ from the seeded shuffle until --sample mutants have been judged. Known-equivalen
 (tests/mutation/equivalent.toml, each with its reason) are reported apart and not counted. The
 seeded-defect switches, and the branches only they open, are never mutated: they are off in a
 certification's intact runs. Results are written after every mutant; --resume continues a run
-over the same sources (and, with --rejudge, judges its survivors and weak kills again once the
-checks have changed).
+(and, with --rejudge, judges its survivors and weak kills again once the checks have changed).
+A run drawn from a committed tree records the commit: resumed after the sources changed, it draws
+the same mutants from that commit's files and puts each onto today's file at its line, where the
+file around it is unchanged; a mutant whose line itself changed is *stale*, drawn past and not
+counted (the fork's patch series must be unchanged, and so must what this file keeps from the draw).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import hashlib
 import json
 import random
@@ -71,9 +75,8 @@ OWN = [
 ]
 # the Python API; not the benchmarks, the build's stub writer, or retro.testing (the oracles and
 # probes the checks observe through: mutating them mutates the judge)
-PYTHON = sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "retro").glob("*.py") if p.name not in ("bench.py", "_stubgen.py")
-)
+NOT_DRAWN = ("bench.py", "_stubgen.py")
+PYTHON = sorted(str(p.relative_to(REPO)) for p in (REPO / "retro").glob("*.py") if p.name not in NOT_DRAWN)
 FORK = [
     "ggml/src/ggml-opt.cpp",
     "src/llama-context.cpp",
@@ -180,7 +183,7 @@ class Mutant:
     original: str
     mutated: str
     path: str  # the mutant file universalmutator wrote
-    outcome: str = ""  # killed | weak | survived | invalid | equivalent
+    outcome: str = ""  # killed | weak | survived | invalid | equivalent | stale (its line changed since the draw)
     seconds: float = 0.0
     detail: str = ""
 
@@ -339,6 +342,64 @@ def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> 
     return mutants
 
 
+def draw(seed: int, then: Path | None, workdir: Path) -> list[Mutant]:
+    """Every mutant of the sources, in the order the seed shuffles them. The sources are today's
+    (SOURCE), or, for a run drawn at an earlier commit, that commit's files unpacked in `then`
+    (the fork's patched lines come from this build's patched tree, which the patch series, left
+    unchanged since, makes the same)."""
+    root = then or SOURCE
+    python = sorted(str(p.relative_to(root)) for p in (root / "retro").glob("*.py") if p.name not in NOT_DRAWN)
+    mutants: list[Mutant] = []
+    for rel in OWN + python:
+        mutants += generate(root / rel, rel, None, workdir)
+    for rel in FORK:
+        mutants += generate(PREPARED / rel, f"llama.cpp/{rel}", patched_lines(rel), workdir)
+    random.Random(seed).shuffle(mutants)
+    return mutants
+
+
+def unpack(commit: str, dest: Path) -> Path:
+    """The files mutants are drawn from, as `commit` has them."""
+    if subprocess.run(["git", "diff", "--quiet", commit, "--", "vendor"], cwd=REPO).returncode != 0:
+        raise SystemExit(f"the patch series changed since {commit}: its fork mutants cannot be drawn again")
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", commit, "--", *OWN, "retro"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in names:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(
+            subprocess.run(["git", "show", f"{commit}:{name}"], cwd=REPO, capture_output=True, check=True).stdout
+        )
+    return dest
+
+
+def port(m: Mutant, then: Path, workdir: Path) -> bool:
+    """Put a mutant drawn from an earlier commit's file onto today's: its line, where the file
+    around it is unchanged (difflib's matching blocks), becomes the mutated line; m.path is then
+    today's file so mutated. False when the line itself changed since the draw (or the file went)."""
+    if m.file.startswith("llama.cpp/"):
+        return True  # the patched tree is the same (unpack checked the series)
+    if not (SOURCE / m.file).exists():
+        return False
+    old = (then / m.file).read_text(encoding="utf-8").splitlines(keepends=True)
+    new = (SOURCE / m.file).read_text(encoding="utf-8").splitlines(keepends=True)
+    mutated = Path(m.path).read_text(encoding="utf-8").splitlines(keepends=True)[m.line - 1]
+    i = m.line - 1
+    for a, b, size in difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks():
+        if a <= i < a + size:
+            j = b + i - a
+            ported = workdir / "ported" / re.sub(r"\W", "_", m.file) / f"{j + 1}.{Path(m.path).name}"
+            ported.parent.mkdir(parents=True, exist_ok=True)
+            ported.write_text("".join([*new[:j], mutated, *new[j + 1 :]]), encoding="utf-8")
+            m.path = str(ported)  # m.line stays the line in the draw's sources
+            return True
+    return False
+
+
 def equivalents() -> list[dict]:
     path = Path(__file__).with_name("equivalent.toml")
     return tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", []) if path.exists() else []
@@ -436,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             reason = known_equivalent(m, equivalents()) if m.outcome in ("survived", "weak") else None
             if reason:
                 m.outcome, m.detail = "equivalent", reason
-        run = Run(saved["seed"], saved["sample"], saved["generated"], saved["digest"], drawn)
+        run = Run(saved["seed"], saved["sample"], saved["generated"], saved["digest"], drawn, saved.get("commit"))
         return report(run, args.out)
 
     with tempfile.TemporaryDirectory(prefix="retro-mutation-") as tmp:
@@ -464,19 +525,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the unmutated build is not certified ({', '.join(short)}): nothing to measure", file=sys.stderr)
             return 2
 
-        mutants: list[Mutant] = []
-        for rel in OWN + PYTHON:
-            mutants += generate(SOURCE / rel, rel, None, work / "mutants")
-        for rel in FORK:
-            mutants += generate(PREPARED / rel, f"llama.cpp/{rel}", patched_lines(rel), work / "mutants")
+        mutants = draw(args.seed, None, work / "mutants")
         if args.only:
             mutants = [m for m in mutants if m.file in args.only]
-        random.Random(args.seed).shuffle(mutants)
-        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [])
-        if saved:
-            if (saved["digest"], saved["seed"]) != (run.digest, run.seed):
+        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [], drawn_at(args.only))
+        then = None
+        if saved and (saved["digest"], saved["seed"]) != (run.digest, run.seed):
+            # the sources changed since the draw: draw again from the commit it was made at, and
+            # put each mutant onto today's file (a line changed since is drawn past as stale)
+            commit = saved.get("commit")
+            if not commit or saved["seed"] != run.seed:
                 print(f"{args.out} was drawn from other sources or another seed: cannot resume it", file=sys.stderr)
                 return 2
+            then = unpack(commit, work / "then")
+            mutants = draw(args.seed, then, work / "mutants-then")
+            if digest(mutants) != saved["digest"]:
+                print(f"{args.out}: the draw at {commit} is not the one saved: cannot resume it", file=sys.stderr)
+                return 2
+            run = Run(args.seed, args.sample, len(mutants), saved["digest"], [], commit)
+            print(f"resuming the draw made at {commit[:12]} on today's sources", flush=True)
+        if saved:
+            run.commit = saved.get("commit")
             run.drawn = [Mutant(**m) for m in saved["mutants"] if m["outcome"]]
             for m, kept in zip(mutants, run.drawn):
                 kept.path = m.path  # the mutant files of this run
@@ -485,7 +554,10 @@ def main(argv: list[str] | None = None) -> int:
         again = [m for m in run.drawn if m.outcome in ("survived", "weak")] if args.rejudge else []
         try:
             for m in again:
-                judge.mutant(m)
+                if then and not port(m, then, work):
+                    m.outcome, m.detail = "stale", "the line changed since the draw"
+                else:
+                    judge.mutant(m)
                 save(run, args.out)
                 print(f"[again] {m.file}:{m.line} {m.outcome} ({m.seconds} s)" + (f" [{m.detail}]" if m.detail else ""))
             for m in mutants[len(run.drawn) :]:
@@ -495,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                 reason = known_equivalent(m, known)
                 if reason:
                     m.outcome, m.detail = "equivalent", reason
+                elif then and not port(m, then, work):
+                    m.outcome, m.detail = "stale", "the line changed since the draw"
                 else:
                     judge.mutant(m)
                 save(run, args.out)
@@ -518,10 +592,19 @@ class Run:
     generated: int
     digest: str  # of the shuffled mutants: a run resumes only over the same draw
     drawn: list[Mutant]  # in draw order, the invalid and the equivalent included
+    commit: str | None = None  # the commit whose sources were drawn (None: a working tree's edits)
 
     @property
     def judged(self) -> int:
         return sum(m.outcome in JUDGED for m in self.drawn)
+
+
+def drawn_at(only: list[str] | None) -> str | None:
+    """HEAD, when the files mutants are drawn from are as HEAD has them: a later run can then
+    draw the same mutants again from that commit, whatever the sources have become."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *OWN, "retro", "vendor"], cwd=REPO).returncode
+    return head if head and edited == 0 and not only else None
 
 
 def digest(mutants: list[Mutant]) -> str:
@@ -645,13 +728,14 @@ def _drop_bytecode(module: Path) -> None:
 
 
 def summary(run: Run) -> dict:
-    counts = {k: sum(m.outcome == k for m in run.drawn) for k in (*JUDGED, "invalid", "equivalent")}
+    counts = {k: sum(m.outcome == k for m in run.drawn) for k in (*JUDGED, "invalid", "equivalent", "stale")}
     judged = run.judged
     return {
         "seed": run.seed,
         "sample": run.sample,
         "generated": run.generated,
         "digest": run.digest,
+        "commit": run.commit,
         "drawn": len(run.drawn),
         "judged": judged,
         "complete": judged >= run.sample,
