@@ -6,7 +6,7 @@ whole certification, and report the mutants it let through.
 
     python tests/mutation/run.py --sample 80 --seed 2026 --out F   # a scored sample, figures to README
     python tests/mutation/run.py --resume --out F                  # go on with a run that stopped
-    python tests/mutation/run.py --sample 3 --no-defect-proof      # what CI runs: a small fixed sample
+    python tests/mutation/run.py --pinned tests/mutation/pinned.toml --no-defect-proof   # what CI runs
 
 A mutant is judged by the whole certification (every clause, cpu and rpc). It is *killed* when a
 check's intact run fails, crashes or hangs against it, and fails again when the clauses that failed
@@ -23,6 +23,12 @@ A run drawn from a committed tree records the commit: resumed after the sources 
 the same mutants from that commit's files and puts each onto today's file at its line, where the
 file around it is unchanged; a mutant whose line itself changed is *stale*, drawn past and not
 counted (the fork's patch series must be unchanged, and so must what this file keeps from the draw).
+
+--pinned judges the mutants a file names instead of a draw: each is put onto today's source at the
+line that reads as its original, nearest the line it names. CI judges three so, one in each room a
+mutant is put in place differently (a Python module swapped, the native core rebuilt, the patched
+fork rebuilt): a draw would change with every edit of the sources, and a CI whose verdict turns on
+which mutants an unrelated edit happens to draw says nothing.
 """
 
 from __future__ import annotations
@@ -342,6 +348,36 @@ def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> 
     return mutants
 
 
+def where(rel: str) -> Path:
+    """The file a mutant of rel is put into: the patched tree for the fork, else the synced sources
+    (a Python module's copy there is the installed one's twin, checked before any mutant runs)."""
+    return PREPARED / rel.removeprefix("llama.cpp/") if rel.startswith("llama.cpp/") else SOURCE / rel
+
+
+def onto_today(rel: str, line: int, original: str, mutated: str) -> tuple[list[str], int]:
+    """Today's lines of rel with the mutant in place, and its 0-based index: the line whose text
+    (indentation aside) is the original, the nearest to `line` when several are."""
+    text = where(rel).read_text(encoding="utf-8").splitlines(keepends=True)
+    at = [i for i, t in enumerate(text) if t.strip() == original]
+    if not at:
+        raise SystemExit(f"{rel} has no line {original!r} any more")
+    i = min(at, key=lambda i: abs(i + 1 - line))
+    text[i] = text[i][: len(text[i]) - len(text[i].lstrip())] + mutated + "\n"
+    return text, i
+
+
+def pinned(spec: Path, workdir: Path) -> list[Mutant]:
+    """The mutants spec names, each written onto today's sources (onto_today)."""
+    mutants = []
+    for n, entry in enumerate(tomllib.loads(spec.read_text(encoding="utf-8"))["mutant"]):
+        text, i = onto_today(entry["file"], entry["line"], entry["original"], entry["mutated"])
+        path = workdir / "pinned" / f"{n}.{Path(entry['file']).name}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(text), encoding="utf-8")
+        mutants.append(Mutant(entry["file"], i + 1, entry["original"], entry["mutated"], str(path)))
+    return mutants
+
+
 def draw(seed: int, then: Path | None, workdir: Path) -> list[Mutant]:
     """Every mutant of the sources, in the order the seed shuffles them. The sources are today's
     (SOURCE), or, for a run drawn at an earlier commit, that commit's files unpacked in `then`
@@ -419,9 +455,64 @@ def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
         elif e.get("kind") == "seeded-defect-arm":
             if any(_within(m, arm) for flag in e["flags"] for arm in _defect_arms(m.original, flag)):
                 return e["reason"]
-        elif e.get("file") == m.file and e.get("original") == m.original and e.get("mutated", m.mutated) == m.mutated:
+        elif e.get("kind") == "annotation-only":
+            if _annotation_only(m):
+                return e["reason"]
+        elif _names(e, m):
             return e["reason"]
     return None
+
+
+def _names(e: dict, m: Mutant) -> bool:
+    """Whether an entry names the mutant: file, original and (if given) mutated line, and the line
+    above it where the entry says which (two equal lines of one file told apart)."""
+    same = e.get("file") == m.file and e.get("original") == m.original and e.get("mutated", m.mutated) == m.mutated
+    return same and ("preceded_by" not in e or _line_before(m) == e["preceded_by"])
+
+
+def _mutant_lines(m: Mutant) -> tuple[list[str], int]:
+    """The mutant's file and its line's 0-based index: the file it was judged in, or, once that is
+    gone (a saved run re-triaged), today's sources with the mutant put onto them."""
+    if Path(m.path).exists():
+        return Path(m.path).read_text(encoding="utf-8").splitlines(keepends=True), m.line - 1
+    return onto_today(m.file, m.line, m.original, m.mutated)
+
+
+def _line_before(m: Mutant) -> str | None:
+    """The line above the mutant's (an entry can tell two equal lines apart so)."""
+    lines, i = _mutant_lines(m)
+    return lines[i - 1].strip() if i >= 1 else None
+
+
+def _annotation_only(m: Mutant) -> bool:
+    """Whether a Python mutant changes nothing but annotations, in a module that never evaluates
+    them (`from __future__ import annotations`): the two modules' trees match with annotations gone."""
+    if not m.file.endswith(".py"):
+        return False
+    lines, i = _mutant_lines(m)
+    before = lines.copy()
+    before[i] = lines[i][: len(lines[i]) - len(lines[i].lstrip())] + m.original + "\n"
+    try:
+        trees = [ast.parse("".join(text)) for text in (before, lines)]
+    except SyntaxError:
+        return False
+    if not any(
+        isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+        for n in trees[0].body
+    ):
+        return False
+    return ast.dump(_without_annotations(trees[0])) == ast.dump(_without_annotations(trees[1]))
+
+
+def _without_annotations(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        elif isinstance(node, ast.arg):
+            node.annotation = None
+        elif isinstance(node, ast.AnnAssign):
+            node.annotation = ast.Constant(None)
+    return tree
 
 
 def _tight(code: str) -> str:
@@ -474,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation-results.json")
     ap.add_argument("--only", action="append", default=None, help="draw mutants from this file only (repeatable)")
     ap.add_argument(
+        "--pinned",
+        type=Path,
+        help="judge the mutants this TOML file names ([[mutant]] file, line, original, mutated), not a draw",
+    )
+    ap.add_argument(
         "--no-defect-proof",
         action="store_true",
         help="do not certify the unmutated build with its seeded-defect runs up front, where another run "
@@ -492,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seed = args.seed if args.seed is not None else (saved["seed"] if saved else 1)
     args.sample = args.sample if args.sample is not None else (saved["sample"] if saved else 80)
     if args.rescore:
+        sync_source()  # a saved mutant whose file is gone is put onto today's sources to be re-triaged
         drawn = [Mutant(**m) for m in saved["mutants"]]
         for m in drawn:
             reason = known_equivalent(m, equivalents()) if m.outcome in ("survived", "weak") else None
@@ -525,10 +622,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the unmutated build is not certified ({', '.join(short)}): nothing to measure", file=sys.stderr)
             return 2
 
-        mutants = draw(args.seed, None, work / "mutants")
+        if args.pinned:
+            mutants = pinned(args.pinned, work)
+            args.sample = len(mutants)
+        else:
+            mutants = draw(args.seed, None, work / "mutants")
         if args.only:
             mutants = [m for m in mutants if m.file in args.only]
-        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [], drawn_at(args.only))
+        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [], drawn_at(args.only or args.pinned))
         then = None
         if saved and (saved["digest"], saved["seed"]) != (run.digest, run.seed):
             # the sources changed since the draw: draw again from the commit it was made at, and
@@ -599,7 +700,7 @@ class Run:
         return sum(m.outcome in JUDGED for m in self.drawn)
 
 
-def drawn_at(only: list[str] | None) -> str | None:
+def drawn_at(only: object) -> str | None:
     """HEAD, when the files mutants are drawn from are as HEAD has them: a later run can then
     draw the same mutants again from that commit, whatever the sources have become."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -652,12 +753,7 @@ class Judge:
 
     def mutant(self, m: Mutant) -> None:
         python = m.file.endswith(".py")
-        if python:
-            target = self.site / m.file
-        elif m.file.startswith("llama.cpp/"):
-            target = PREPARED / m.file.removeprefix("llama.cpp/")
-        else:
-            target = SOURCE / m.file
+        target = self.site / m.file if python else where(m.file)
         original = target.read_bytes()
         if python and self._stale_native:
             build(self.site)
