@@ -44,7 +44,8 @@ def _packed(n_vocab: int, seed: int, *, windows: int = 3, weighted: bool = False
     lengths: list[int] = [1]
     while sum(lengths) < (windows - 1) * WIDTH + 90:
         lengths.append(int(rng.choice([1, 2, *range(5, 71)])))
-    ds = retro.PackedDataset.pack(_documents(n_vocab, seed + 1, lengths), width=WIDTH)
+    # padded with the last id, as a tokenizer's pad id is seldom 0
+    ds = retro.PackedDataset.pack(_documents(n_vocab, seed + 1, lengths), width=WIDTH, pad_token=n_vocab - 1)
     if weighted:
         weights = rng.choice(np.array([0.0, 0.5, 1.0, 2.0], np.float32), size=ds.tokens.shape)
         ds = retro.PackedDataset(ds.tokens, ds.documents, np.ascontiguousarray(weights))
