@@ -629,7 +629,9 @@ def main(argv: list[str] | None = None) -> int:
             mutants = draw(args.seed, None, work / "mutants")
         if args.only:
             mutants = [m for m in mutants if m.file in args.only]
-        run = Run(args.seed, args.sample, len(mutants), digest(mutants), [], drawn_at(args.only or args.pinned))
+        run = Run(
+            args.seed, args.sample, len(mutants), digest(mutants), [], None if args.pinned else drawn_at(args.only)
+        )
         then = None
         if saved and (saved["digest"], saved["seed"]) != (run.digest, run.seed):
             # the sources changed since the draw: draw again from the commit it was made at, and
@@ -700,7 +702,7 @@ class Run:
         return sum(m.outcome in JUDGED for m in self.drawn)
 
 
-def drawn_at(only: object) -> str | None:
+def drawn_at(only: list[str] | None) -> str | None:
     """HEAD, when the files mutants are drawn from are as HEAD has them: a later run can then
     draw the same mutants again from that commit, whatever the sources have become."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
