@@ -26,6 +26,13 @@ _WITH_TRANSACTIONS: weakref.WeakSet[Context] = weakref.WeakSet()
 MAX_SEQUENCES = 256
 
 
+def _sampling(temperature: object, seed: object) -> tuple[float, int]:
+    """Generation's sampling options, checked: a temperature in [0, 100] (0: greedy) and a seed."""
+    if not isinstance(temperature, (int, float)) or not 0.0 <= float(temperature) <= 100.0:
+        raise ValueError("temperature must be a number in [0, 100]")
+    return float(temperature), _checks.integer("seed", seed, minimum=0, maximum=2**32 - 1)
+
+
 @atexit.register
 def _close_at_exit() -> None:
     for ctx in list(_WITH_TRANSACTIONS):
@@ -167,9 +174,7 @@ class Context(NativeHandle):
         stops the generation at the next token: the KeyboardInterrupt carries `.tokens` too."""
         ids = _checks.token_array("prompt", prompt, self.model.n_vocab, ndim=1)
         max_new = _checks.integer("max_new", max_new, minimum=1, maximum=self.n_ctx)
-        if not isinstance(temperature, (int, float)) or not 0.0 <= float(temperature) <= 100.0:
-            raise ValueError("temperature must be a number in [0, 100]")
-        seed = _checks.integer("seed", seed, minimum=0, maximum=2**32 - 1)
+        temperature, seed = _sampling(temperature, seed)
         n_draft = _checks.integer("n_draft", n_draft, minimum=1, maximum=64)
         if ids.size < 1 or ids.size > self.n_batch:
             raise ValueError(f"the prompt must have 1 to n_batch={self.n_batch} tokens")
@@ -178,7 +183,7 @@ class Context(NativeHandle):
         if draft is not None:
             if not isinstance(draft, Context) or draft is self:
                 raise TypeError("draft must be another retro.Context")
-            if float(temperature) != 0.0:
+            if temperature != 0.0:
                 raise ValueError("speculative generation is greedy: temperature must be 0")
             if draft.model.n_vocab != self.model.n_vocab:
                 raise ValueError("the draft model's vocabulary differs from this model's")
@@ -188,7 +193,7 @@ class Context(NativeHandle):
                 raise ValueError("the prompt, max_new and n_draft do not fit both contexts")
         with self._transaction_errors(draft):
             tokens, decodes, drafted, accepted = self._h.generate(
-                ids.tolist(), max_new, float(temperature), seed, stop_at_eog, draft._h if draft else None, n_draft
+                ids.tolist(), max_new, temperature, seed, stop_at_eog, draft._h if draft else None, n_draft
             )
         return Generation(list(tokens), int(decodes), int(drafted), int(accepted))
 

@@ -127,3 +127,14 @@ def test_equivalence_rules_tell_an_annotation_and_a_line_by_the_one_above(tmp_pa
     in_alloc = ["    GGML_ASSERT(!opt_ctx->eval_ready);\n", *body]
     assert run.known_equivalent(mutant(in_eval, 2, "if (0==1) {", fork), known)
     assert not run.known_equivalent(mutant(in_alloc, 2, "if (0==1) {", fork), known)
+
+
+def test_a_function_no_clause_governs_is_not_drawn_from():
+    """A Python function named as uncontracted is left out whole, its decorators included; its
+    neighbours and the module's other functions of other names are drawn from."""
+    run = _runner()
+    source = "import x\n\n\n@x.deco\ndef _sampling(t):\n    if t < 0:\n        raise ValueError(t)\n    return t\n\n\ndef g(t):\n    return t + 1\n"
+    assert run.python_not_mutated(source, ("_sampling",)) == {4, 5, 6, 7, 8}
+    assert run.python_not_mutated(source) == set()
+    drawn = {rel for rel in run.PYTHON}
+    assert "retro/scoring.py" not in drawn and "retro/context.py" in drawn

@@ -3,7 +3,10 @@ own accumulation period), BASE-02 (determinism), BASE-03 (read-back and save/rel
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect, measure
-from retro.testing import busy_processes, reference, upstream_epoch
+from retro.testing import busy_processes, reference, runnable_elsewhere, upstream_epoch
 
 
 def _train(backend, path, ds, *, optimizer, accumulation, split=None):
@@ -173,6 +176,70 @@ def test_the_thread_count_changes_no_parameter(backend, model_path, seed, thread
         expect("BASE-02", not adaptive and set(counts) == {ceiling}, f"a fixed count of {ceiling} moved: {counts}")
     with bound("BASE-02"):
         support.assert_params_equal(loaded, alone, backend, f"every core busy at threads={threads} vs idle at one")
+
+
+#: threads of the checking process kept busy: more than a machine running the certification runs
+#: elsewhere, so that a reading that took them for others' stands out
+OWN_BUSY = 8
+
+
+def _runnable() -> tuple[int, int]:
+    """(this process's runnable threads, the machine's runnable tasks), read here in Python from
+    /proc/self/task (state R) and /proc/loadavg (its running/total field)."""
+    own = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        own += stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "R"
+    with open("/proc/loadavg", encoding="ascii") as f:
+        machine = int(f.read().split()[3].split("/")[0])
+    return own, machine
+
+
+@pytest.mark.clause("BASE-02")
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="the governor reads /proc (Linux)")
+@pytest.mark.parametrize("threads", ["own-busy"])
+def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend, threads):
+    """The load-following count gives up a thread for each task runnable outside the process; the
+    process's own busy threads (ggml's, spinning at a barrier, or a caller's) are not such tasks, or
+    a busy process would starve itself of threads. With eight threads of this process hashing, the
+    governor's reading of the tasks runnable elsewhere, taken between two readings of /proc made
+    here (this process's runnable threads, the machine's runnable tasks), stays within half of them
+    of what those readings leave for others (a parallel check's load is others' too), at some of
+    forty samples."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        block = bytes(1 << 20)  # hashlib hashes a block this size without the GIL
+        while not stop.is_set():
+            hashlib.sha256(block).digest()
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(OWN_BUSY)]
+    for s in spinners:
+        s.start()
+    samples = []  # (own runnable, governor's elsewhere, elsewhere as read here)
+    try:
+        time.sleep(0.2)
+        for _ in range(40):
+            own, machine = _runnable()
+            governor = runnable_elsewhere()
+            own_after, machine_after = _runnable()
+            samples.append((max(own, own_after), governor, min(machine, machine_after) - max(own, own_after)))
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        for s in spinners:
+            s.join()
+    measure("threads", path=threads, samples=";".join(",".join(map(str, s)) for s in samples))
+    expect("BASE-02", max(s[0] for s in samples) >= OWN_BUSY // 2, f"own busy threads not seen runnable: {samples}")
+    expect(
+        "BASE-02",
+        any(0 <= governor < max(elsewhere, 0) + OWN_BUSY // 2 for _, governor, elsewhere in samples),
+        f"the governor took this process's own busy threads for others' (own, governor, elsewhere): {samples}",
+    )
 
 
 @pytest.mark.clause("BASE-03")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,6 +54,7 @@ class _Run:
 
     def __init__(self) -> None:
         self.metrics: list[retro.EpochMetrics] = []
+        self.wall_s: list[float] = []  # each epoch call, on this process's clock
         self.built: list[int] = []  # forward nodes the step built
         self.walks: list[tuple[int, int]] = []
         self.live: list[tuple[int, int]] = []
@@ -90,7 +93,9 @@ def _run(backend, model_path, cache, steps, *, n_ctx=WIDTH, n_ubatch=WIDTH, head
 def _epochs(datasets, val_fraction=0.0):
     def steps(tr, ctx, run):
         for ds in datasets:
+            start = time.perf_counter()
             run.metrics.append(tr.epoch(ds, val_fraction=val_fraction, progress=run.observe))
+            run.wall_s.append(time.perf_counter() - start)
 
     return steps
 
@@ -148,6 +153,23 @@ def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(ba
     for cache, r in (("off", off), ("on", on)):
         warm = r.metrics[1]
         steps = warm.micro_batches
+        # the figures the gate weighs are times: each phase within the epoch's own duration on
+        # this process's clock, the disjoint ones summed too; a step that built its graph took at
+        # least 10 ns a forward node (the fork's count) to build it
+        phases = {f: getattr(warm, f) for f in ("staging_s", "graph_build_s", "backward_alloc_s", "compute_s")}
+        phases |= {f: getattr(warm, f) for f in ("backward_build_s", "alloc_s")}
+        expect(
+            "TOPO-02",
+            all(0.0 <= v <= r.wall_s[1] for v in phases.values())
+            and sum(phases[f] for f in ("staging_s", "graph_build_s", "backward_alloc_s", "compute_s")) <= r.wall_s[1],
+            f"cache {cache}: phases {phases} against the epoch's {r.wall_s[1]:.6f} s",
+        )
+        built = sum(r.built[len(r.built) - steps :])
+        expect(
+            "TOPO-02",
+            warm.graph_build_s >= 10e-9 * built,
+            f"cache {cache}: {built} forward nodes built in {warm.graph_build_s:.3e} s",
+        )
 
         def per_step(field: str, warm=warm, steps=steps) -> float:
             return 1e6 * getattr(warm, field) / steps
@@ -358,7 +380,8 @@ def _package(tmp_path, backend, *, series: str | None = None, passing: bool = Tr
 def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_path, tmp_path):
     """topology_cache=True with no package, a refusing one or one of another patch series raises the
     typed error naming what is missing, before a trainer exists; with a package of this build whose
-    gate enables the cache for this backend it is on; "forced" needs none."""
+    gate enables the cache for this backend it is on; "forced" needs none; any other value (a string
+    that reads as "on", a number) is refused as bad input, never taken as a wish that skips the gate."""
     enabling = _package(tmp_path, backend)
     refusing = _package(tmp_path, backend, passing=False)
     foreign = _package(tmp_path, backend, series="0" * 64)
@@ -372,3 +395,8 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
             expect("TOPO-07", tr.topology_cache.enabled, "forced left the cache off")
         with retro.Trainer(ctx) as tr:
             expect("TOPO-07", not tr.topology_cache.enabled, "the cache is on without being asked for")
+        # a spelling of "on" the binding does not know is refused, not taken as a wish that skips the gate
+        unknown: tuple[Any, ...] = ("on", "True", "Forced", 1, 2.0, None)  # what a caller may pass untyped
+        for mode in unknown:
+            with bound("TOPO-07"), pytest.raises(ValueError, match="topology_cache must be"):
+                retro.Trainer(ctx, topology_cache=mode)

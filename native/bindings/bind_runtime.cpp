@@ -3,6 +3,7 @@
 #include "build_info.h"
 #include "logging.h"
 #include "remote.h"
+#include "thread_governor.h"
 #include "trainer.h"
 
 #include "ggml-backend.h"
@@ -52,6 +53,8 @@ void bind_runtime(py::module_ & m) {
     // (ggml contexts, backend buffers) alive in the process, counted where ggml makes and frees them
     m.def("live_allocations", []() { return py::make_tuple(ggml_live_contexts(), ggml_backend_live_buffers()); });
     m.def("calls_in_flight", []() { return InFlight::count().load(); });
+    // the thread governor's reading of the runnable tasks that are not this process's threads
+    m.def("runnable_elsewhere", &runnable_elsewhere);
     m.def("set_exiting", []() { exiting() = true; });
     // [(buffer type, bytes its live buffers hold)] over every registered device's buffer types
     m.def("live_buffer_bytes", []() { return live_buffer_bytes(); });

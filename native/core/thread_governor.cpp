@@ -1,5 +1,7 @@
 #include "thread_governor.h"
 
+#include "retro-hooks.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -90,7 +92,10 @@ int32_t runnable_elsewhere() {
     if (all_again < 0 || own_before < 0 || own_after < 0) {
         return -1;
     }
-    const int32_t own = std::max(own_before, own_after);
+    int32_t own = std::max(own_before, own_after);
+    if (retro_defect_on(RETRO_DEFECT_BASE_02_OWN_THREADS)) {
+        own = 0;  // seeded defect: this process's own runnable threads taken for others'
+    }
     return std::max(0, all_again - own);
 #else
     return -1;

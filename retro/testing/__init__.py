@@ -15,6 +15,7 @@ from .probes import (
     live_allocations,
     micro_batch,
     packed_batch,
+    runnable_elsewhere,
     sparse_targets,
     topology_walk,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "live_allocations",
     "micro_batch",
     "packed_batch",
+    "runnable_elsewhere",
     "sparse_targets",
     "topology_walk",
     "upstream_epoch",

@@ -63,6 +63,13 @@ def live_allocations() -> LiveAllocations:
     return LiveAllocations(int(contexts), int(buffers))
 
 
+def runnable_elsewhere() -> int:
+    """The runnable tasks on the machine that are not threads of this process, as the CPU thread
+    governor reads them before each compute of a load-following context (one thread given up for
+    each); -1 where the system does not say."""
+    return int(_native.runnable_elsewhere())
+
+
 def last_step_tokens(context: Context) -> int:
     """Tokens the last training step's graph computed, as llama.cpp split its micro-batch (padding
     included): what throughput counts as physical tokens."""

@@ -80,8 +80,13 @@ OWN = [
     "native/core/thread_governor.cpp",
 ]
 # the Python API; not the benchmarks, the build's stub writer, or retro.testing (the oracles and
-# probes the checks observe through: mutating them mutates the judge)
-NOT_DRAWN = ("bench.py", "_stubgen.py")
+# probes the checks observe through: mutating them mutates the judge), nor retro.scoring (teacher
+# forcing and a teacher's top-k: no clause governs them, tests/test_scoring.py holds them against
+# numpy; TOPO-05's scoring event is the decode scoring makes, which the checks drive directly)
+NOT_DRAWN = ("bench.py", "_stubgen.py", "scoring.py")
+#: Python functions no clause governs, by module: generation's sampling options (temperature and
+#: seed; tests/test_transactions.py holds their bounds exactly)
+PY_UNCONTRACTED = {"retro/context.py": ("_sampling",)}
 PYTHON = sorted(str(p.relative_to(REPO)) for p in (REPO / "retro").glob("*.py") if p.name not in NOT_DRAWN)
 FORK = [
     "ggml/src/ggml-opt.cpp",
@@ -161,14 +166,17 @@ def function_bodies(text: list[str], names: tuple[str, ...]) -> set[int]:
     return inside
 
 
-def python_not_mutated(source: str) -> set[int]:
+def python_not_mutated(source: str, uncontracted: tuple[str, ...] = ()) -> set[int]:
     """1-based lines of a Python module no mutant may change: docstrings (and other bare strings),
-    the bodies of branches a seeded-defect switch alone opens, and annotations without a value."""
+    the bodies of branches a seeded-defect switch alone opens, annotations without a value, and the
+    named functions no clause governs (their definitions whole)."""
     inside: set[int] = set()
     for node in ast.walk(ast.parse(source)):
         bare_string = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         if (bare_string and isinstance(node.value.value, str)) or (isinstance(node, ast.AnnAssign) and not node.value):
             inside.update(range(node.lineno, node.end_lineno + 1))
+        elif isinstance(node, ast.FunctionDef) and node.name in uncontracted:
+            inside.update(range(min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1))
         elif isinstance(node, ast.If) and _is_switch(node.test):
             for stmt in node.body:
                 inside.update(range(stmt.lineno, stmt.end_lineno + 1))
@@ -312,7 +320,7 @@ def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> 
     text = code.splitlines()
     python = rel.endswith(".py")
     if python:
-        not_mutated, skip = python_not_mutated(code), PY_SKIP
+        not_mutated, skip = python_not_mutated(code, PY_UNCONTRACTED.get(rel, ())), PY_SKIP
     else:
         not_mutated = defect_bodies(text) | function_bodies(text, UNCONTRACTED.get(rel.removeprefix("llama.cpp/"), ()))
         skip = SKIP
