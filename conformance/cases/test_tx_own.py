@@ -157,6 +157,11 @@ CONCURRENT = {
     "reset": "ctx.reset()",
 }
 PARK_S = 0.3
+#: the longest a child may take: four times the slowest intact child measured (22.5 s, an epoch on
+#: Vulkan's lavapipe), and under the shortest case timeout a certification is run with (120 s, the
+#: mutation runs): a child that hangs (two threads in one RPC exchange) is this check's finding,
+#: not a case killed from outside with its seeded defect read as escaped
+CHILD_TIMEOUT_S = 90.0
 
 SERIALIZED_CHILD = textwrap.dedent(
     """
@@ -230,15 +235,25 @@ SERIALIZED_CHILD = textwrap.dedent(
 
 def _serialized_child(
     python: list[str], running: str, model_path, backend: str, defects: str, env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
+) -> tuple[int | None, str, str]:
+    """The child's exit status (None: it hung, and was killed after CHILD_TIMEOUT_S), its output
+    and its error output."""
     args = [running, str(model_path), backend, defects, str(PARK_S), json.dumps(RUNNING[running])]
-    return subprocess.run(
-        [*python, "-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    try:
+        done = subprocess.run(
+            [*python, "-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as hung:
+
+        def text(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+        return None, text(hung.stdout), text(hung.stderr)
+    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.clause("TX-OWN-04")
@@ -258,14 +273,15 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
             # a server of its own: two threads talking over one link at once (the seeded defect)
             # can send the server commands that stop it, and the run's other checks use the shared one
             env[backends.RPC_SERVERS_ENV] = stack.enter_context(retro.rpc.Server()).endpoint
-        child = _serialized_child(python, running, model_path, backend.name, defects, env)
-    lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+        status, stdout, stderr = _serialized_child(python, running, model_path, backend.name, defects, env)
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{") and line.endswith("}")]
     pairs = {r["pair"]: r for r in lines if "pair" in r}
     last = next((r["starting"] for r in reversed(lines) if "starting" in r), None)
+    ended = f"hung (killed after {CHILD_TIMEOUT_S:g} s)" if status is None else f"died (exit {status})"
     expect(
         "TX-OWN-04",
-        child.returncode == 0 and len(pairs) == len(CONCURRENT),
-        f"the child died (exit {child.returncode}) during {running} x {last}: {child.stderr[-800:]}",
+        status == 0 and len(pairs) == len(CONCURRENT),
+        f"the child {ended} during {running} x {last}: {stderr[-800:]}",
     )
     loops = running == "micro_batch"  # a loop of calls: a close may land between two of them
     for name, r in pairs.items():
