@@ -321,9 +321,10 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
         assert not grown, f"live contexts and buffers grew after the first epoch: {grown[:3]} (first {first})"
 
 
-def _package(tmp_path, backend, *, series: str | None = None, passing: bool = True):
+def _package(tmp_path, backend, *, series: str | None = None, failing: tuple[str, ...] = ()):
     """A results package of this build whose gate enables the cache for `backend` (every gated clause
-    passing, the rebuild 95 % removed), or refuses it, or comes from another patch series."""
+    passing, the rebuild 95 % removed), or refuses it (the clauses `failing` fail on `backend`), or
+    comes from another patch series."""
     info = retro.build_info()
     run = {
         "start_time": "2026-01-01T00:00:00+00:00",
@@ -366,11 +367,11 @@ def _package(tmp_path, backend, *, series: str | None = None, passing: bool = Tr
         "cases": cases,
         "verdict": dict.fromkeys(names, "certified"),
     }
-    if not passing:
-        res["clauses"]["TOPO-05"][backend.name] = "fail"
+    for clause in failing:
+        res["clauses"][clause][backend.name] = "fail"
     res["gates"] = {gate.NAME: gate.decide(res)}
     res["digest"] = results.digest(res)
-    folder = tmp_path / f"package-{series or 'this'}-{passing}"
+    folder = tmp_path / f"package-{series or 'this'}-{len(failing)}"
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps(res), encoding="utf-8")
     return folder
@@ -379,16 +380,33 @@ def _package(tmp_path, backend, *, series: str | None = None, passing: bool = Tr
 @pytest.mark.clause("TOPO-07")
 def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_path, tmp_path):
     """topology_cache=True with no package, a refusing one or one of another patch series raises the
-    typed error naming what is missing, before a trainer exists; with a package of this build whose
+    typed error naming what is missing (each missing piece of evidence, the gate's own list, and past
+    six a count of the rest), before a trainer exists; with a package of this build whose
     gate enables the cache for this backend it is on; "forced" needs none; any other value (a string
     that reads as "on", a number) is refused as bad input, never taken as a wish that skips the gate."""
     enabling = _package(tmp_path, backend)
-    refusing = _package(tmp_path, backend, passing=False)
+    refusing = _package(tmp_path, backend, failing=("TOPO-05",))
     foreign = _package(tmp_path, backend, series="0" * 64)
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         for package, why in ((None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")):
             with bound("TOPO-07"), pytest.raises(retro.TopologyGateError, match=why):
                 retro.Trainer(ctx, topology_cache=True, topology_gate=package)
+        # the error names what is missing, the whole of it: each missing piece of evidence, the
+        # gate's own list, and past six a count of the rest
+        targets = retro.topology.backends_of(model.tensor_devices())
+        many = tuple(c for c in registry.clauses() if c.startswith(("TOPO", "FAIL")))
+        for package in (refusing, _package(tmp_path, backend, failing=many)):
+            missing = gate.decide(json.loads((package / "results.json").read_text(encoding="utf-8")), targets)
+            shown = missing["missing"][:6] + (
+                [f"and {len(missing['missing']) - 6} more"] if len(missing["missing"]) > 6 else []
+            )
+            with bound("TOPO-07"), pytest.raises(retro.TopologyGateError) as refused:
+                retro.Trainer(ctx, topology_cache=True, topology_gate=package)
+            expect(
+                "TOPO-07",
+                str(refused.value).endswith(f"by {package / 'results.json'}: " + "; ".join(shown)),
+                f"{len(missing['missing'])} missing, the error says: {refused.value}",
+            )
         with retro.Trainer(ctx, topology_cache=True, topology_gate=enabling) as tr:
             expect("TOPO-07", tr.topology_cache.enabled, "an enabling gate left the cache off")
         with retro.Trainer(ctx, topology_cache="forced") as tr:
