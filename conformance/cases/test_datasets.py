@@ -208,6 +208,27 @@ def _same_step(start, run, reference, loss_rel: float, update_nmse: float, what:
         expect("HOST-08", value <= update_nmse, f"{name}: {what}, update NMSE {value:.3g}")
 
 
+def _aimed_at_the_argmax(tokens: np.ndarray, logits: np.ndarray, rng: np.random.Generator):
+    """Top-k targets whose best id (the largest summed weight) is the model's argmax A on even
+    tokens only, where it wins only once its repeated weights are added: (A, 0.25), (A, 0.25),
+    (b, 0.375); on odd tokens (A, 0.125), (A, 0.125), (b, 0.5), b never the argmax. The accuracy of a
+    step on them is the even tokens' share, within [low, high]: the step's forward pass is the
+    decode's up to rounding, which can move an argmax only where the two largest logits are that
+    close (those even tokens may count either way). The fused head sends every token's best target
+    to the backend; the dense head takes its label rows' argmax."""
+    n_vocab, width = logits.shape[1], tokens.shape[1]
+    top = logits.argmax(axis=1).astype(np.int32)
+    other = ((top + rng.integers(1, n_vocab, size=width)) % n_vocab).astype(np.int32)
+    even = np.arange(width) % 2 == 0
+    w_top = np.where(even, 0.25, 0.125).astype(np.float32)
+    w_other = np.where(even, 0.375, 0.5).astype(np.float32)
+    ids = np.stack([top, top, other], axis=1)[None]
+    aimed = retro.TopKDataset(tokens, ids, np.stack([w_top, w_top, w_other], axis=1)[None])
+    ranked = np.sort(logits, axis=1)
+    close = ranked[:, -1] - ranked[:, -2] < 1e-3
+    return aimed, (even & ~close).sum() / width, even.sum() / width
+
+
 @pytest.mark.clause("HOST-08")
 @pytest.mark.parametrize("head", retro.training.HEADS)
 def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
@@ -216,7 +237,8 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
     cross-entropy over the model's logits; and the gradient is linear in the weights, as the loss
     is: doubled weights at half the rate give the same step (the weights need not sum to one).
     On each head; the fused head's step also equals the dense head's (loss, and every weight's
-    update by NMSE)."""
+    update by NMSE). Accuracy counts a token right where the model's argmax is the id whose
+    weights sum highest (_aimed_at_the_argmax)."""
     n_vocab = _n_vocab(backend, model_path)
     rng = np.random.default_rng(seed + 64)
     tokens = rng.integers(0, n_vocab, size=(1, WIDTH), dtype=np.int32)
@@ -238,11 +260,19 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
             )
     else:  # w0 * log p + w1 * log p against (w0 + w1) * log p: equal up to rounding
         _same_step(start, (with_repeats, m_repeats), (with_merged, m_merged), 1e-6, MERGED_NMSE, "repeated vs merged")
-    expected = _reference_loss(_logits(backend, model_path, tokens[0]), merged.ids[0], merged.weights[0])
+    logits = _logits(backend, model_path, tokens[0])
+    expected = _reference_loss(logits, merged.ids[0], merged.weights[0])
     expect(
         "HOST-08",
         abs(m_repeats.train_loss - expected) <= 1e-3 * abs(expected),
         f"loss {m_repeats.train_loss!r}, numpy's weighted cross-entropy {expected!r}",
+    )
+    aimed, low, high = _aimed_at_the_argmax(tokens, logits, rng)
+    _, (m_aimed,) = _train(backend, model_path, aimed, head=head)
+    expect(
+        "HOST-08",
+        low <= m_aimed.train_accuracy <= high,
+        f"{head} head: accuracy {m_aimed.train_accuracy!r}, expected in [{low}, {high}] (the best targets' share)",
     )
     twice, _ = _train(backend, model_path, doubled, lr=0.0625, head=head)
     with bound("HOST-08"):

@@ -153,12 +153,32 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
                 )
 
 
+def _unlike_a_fresh_sequence(ctx: retro.Context) -> str | None:
+    """How a decode now differs from the same decode after an explicit reset (None: it does not),
+    the context reset afterwards. A sequence left behind, or the binding's stale view of one, puts
+    the tokens at other positions: llama.cpp's own record of the KV cache shows it (the logits need
+    not: RoPE's scores depend on position differences only)."""
+    ids = np.array([1, 2, 3], dtype=np.int32)
+    try:
+        now = ctx.decode(ids)
+    except retro.RetroError as e:
+        ctx.reset()
+        return f"it failed ({type(e).__name__}: {str(e)[:300]})"
+    held = ctx.sequence_length
+    ctx.reset()
+    fresh = ctx.decode(ids)
+    ctx.reset()
+    if held != ids.size:
+        return f"the KV cache holds {held} positions after a decode of {ids.size} tokens"
+    return None if np.array_equal(now, fresh) else "its logits differ from those after a reset"
+
+
 def _check_state_dropped(backend, model_path, seed, site):
     """From a trained state, a micro-batch of an accumulation period of 2 has left a gradient and
     64 positions in the KV cache; the next one fails at the site. Observed right after the failed
     step (retro.testing.micro_batch, before any epoch call tidies up): the sequence state is empty
-    (FAIL-04), and the period restarts with zero accumulators (the site's own sub-clause); the
-    trainer's next call completes."""
+    (FAIL-04: the next decode starts at position 0), and the period restarts with zero accumulators
+    (the site's own sub-clause); the trainer's next call completes."""
     clause = BEFORE_COMPUTE[site][0]
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 22)
@@ -190,6 +210,9 @@ def _check_state_dropped(backend, model_path, seed, site):
         expect(clause, bool(live), f"{site}: no accumulator exists after a backward pass")
         nonzero = [n for n in live if np.any(accs[n] != 0)]
         expect(clause, not nonzero, f"{site}: partial gradients kept in {nonzero[:3]}")
+        # the binding's own view of the sequence went with it: the next decode starts at position 0
+        differs = _unlike_a_fresh_sequence(ctx)
+        expect("FAIL-04", differs is None, f"{site}: a decode right after the failed step: {differs}")
         # no leaked allocation: the same step failed again and again holds nothing more (ggml's own
         # counts of live contexts and backend buffers, patch 0029)
         held = []
@@ -211,15 +234,8 @@ def _check_state_dropped(backend, model_path, seed, site):
         with pytest.raises(retro.BeforeComputeError):
             tr.epoch(ds)
         fi.reset()
-        ids = np.array([1, 2, 3], dtype=np.int32)
-        after_failure = ctx.decode(ids)
-        ctx.reset()
-        expect(
-            "FAIL-04",
-            np.array_equal(after_failure, ctx.decode(ids)),
-            f"{site}: a decode after the failed call differs from one after a reset",
-        )
-        ctx.reset()
+        differs = _unlike_a_fresh_sequence(ctx)
+        expect("FAIL-04", differs is None, f"{site}: a decode after the failed call: {differs}")
         expect(clause, tr.epoch(ds).epoch_complete and not tr.poisoned, f"{site}: the next call did not complete")
 
 

@@ -313,11 +313,12 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
     """A generation (one decode per token) and a speculative generation (a draft model proposes,
     the target checks in one decode) make their decodes inside one call: each of the target's
     decodes is bracketed, so every position the target's KV cache holds was captured by a
-    committed decode, and there are as many committed decodes as llama_decode calls."""
+    committed decode, and there are as many committed decodes as llama_decode calls. The plain
+    generation starts from text, as a user's does: its prompt is the model's tokenization."""
     model, profile = loaded
     sel = [profile.select("attn_norm-0", retain=True)]
     with tx_context(model, profile, sel) as ctx:
-        g = ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+        g = ctx.generate(model.tokenize("hello world"), 6, stop_at_eog=False)
         covered = committed_positions(ctx.drain_captures(), "attn_norm-0")
         held = ctx.sequence_length
         expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")

@@ -16,7 +16,7 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import bound, expect
-from retro.transactions import Profile, Transaction
+from retro.transactions import Profile, TensorTransactions, Transaction
 
 
 @pytest.mark.clause("TX-RET-01")
@@ -82,10 +82,15 @@ RETAINED = {"tokens": "l_out-0", "outputs": "result_norm"}
 def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
     """With room for two 4-token decodes of a retained node (one with a row per token, one with a
     row per output: a decode outputs every token), a third is refused before it runs (nothing
-    decoded, nothing lost); draining frees the room."""
+    decoded, nothing lost); draining frees the room. The limit is a count of bytes: a negative one is
+    refused as the bad value it is (a ValueError naming the bound), beside retained selectors and
+    beside ones a handler takes unretained."""
     model, profile = loaded
     limit = 2 * 4 * model.n_embd * 4
     sel = [profile.select(RETAINED[rows], retain=True, max_rows=4)]
+    for chosen in (sel, [profile.select(RETAINED[rows], retain=False)]):
+        with bound("TX-RET-04"), pytest.raises(ValueError, match=r"retained_limit must be >= 0"):
+            TensorTransactions(profile, chosen, lambda t: None, retained_limit=-1)
     with tx_context(model, profile, sel, retained_limit=limit) as ctx:
         ctx.decode(TOKENS[:4])
         ctx.decode(TOKENS[4:8])

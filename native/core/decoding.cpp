@@ -4,11 +4,12 @@
 #include <memory>
 
 namespace retro {
-namespace {
 
 int32_t sequence_length(llama_context * ctx) {
     return llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1;
 }
+
+namespace {
 
 int32_t argmax_row(Context & c, int32_t output) {
     const float * row = llama_get_logits_ith(c.ctx, output);

@@ -11,6 +11,9 @@
 
 namespace retro {
 
+// Positions of sequence 0 in the KV cache: llama.cpp's own record, which the next decode follows.
+int32_t sequence_length(llama_context * ctx);
+
 // Decode n tokens at positions n_past.. of sequence 0, with logits for the rows where outputs[i]
 // is set; updates n_past from the KV cache (llama.cpp's own record, whatever the outcome).
 int32_t decode_tokens(Context & c, const int32_t * tokens, int32_t n, const std::vector<int8_t> & outputs);

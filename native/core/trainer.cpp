@@ -1,4 +1,5 @@
 #include "trainer.h"
+#include "decoding.h"
 
 #include "logging.h"
 #include "tensor_io.h"
@@ -195,7 +196,9 @@ void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_
     llama_context * lctx = ctx();
     clear_recent_errors();
     const int32_t status = llama_opt_micro_batch(lctx, tokens, labels, n_tokens, pos0, train, nullptr);
-    context_->n_past     = 0;  // the KV cache holds a training sequence now, not the caller's decode
+    // the step wrote its window's positions to the KV cache, or a failed one dropped the sequence:
+    // the next decode goes on from what the cache holds
+    context_->n_past = sequence_length(lctx);
     if (status != LLAMA_OPT_STATUS_OK) {
         throw training_error(status);
     }
