@@ -178,7 +178,9 @@ class Context(NativeHandle):
         n_draft = _checks.integer("n_draft", n_draft, minimum=1, maximum=64)
         if ids.size < 1 or ids.size > self.n_batch:
             raise ValueError(f"the prompt must have 1 to n_batch={self.n_batch} tokens")
-        if self.n_past + ids.size + max_new > self.n_ctx:
+        # seeded defect: an off-by-one bound lets a generation one position past the context start
+        room = self.n_ctx + 1 if _checks.seeded("SHAPE-02.n-ctx") else self.n_ctx
+        if self.n_past + ids.size + max_new > room:
             raise ValueError(f"{self.n_past} + {ids.size} + {max_new} tokens exceed n_ctx={self.n_ctx}")
         if draft is not None:
             if not isinstance(draft, Context) or draft is self:

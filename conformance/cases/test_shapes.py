@@ -283,3 +283,60 @@ def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, mode
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=INT32_MAX) as tr:
                 m = tr.epoch(support.windows(1, 256, model.n_vocab, seed + 31))
                 expect("SHAPE-02", (m.optimizer_steps, tr.period_position) == (0, 4), f"at INT32_MAX: {m}")
+        _check_token_counts(model)
+
+
+def _check_token_counts(model: retro.Model) -> None:
+    """The token counts a decode or a generation hands to llama.cpp (its batch, the positions it
+    fills, the tokens it may generate and draft) are bounded by the context before anything
+    native: each bound met alone is a typed error naming it, and the sequences are left as they
+    were. At the bound itself the call runs: a decode that fills the context exactly."""
+    with support.context(model, n_ctx=256) as ctx, support.context(model, n_ctx=256) as other:
+        ctx.decode(np.arange(8, dtype=np.int32))
+        tokens = np.arange(4, dtype=np.int32)
+        bounded = [
+            ("a decode of no tokens", lambda: ctx.decode(tokens[:0]), ValueError, "empty"),
+            ("a decode past n_batch", lambda: ctx.decode(np.zeros(257, np.int32)), ValueError, "n_batch"),
+            ("a decode past n_ctx", lambda: ctx.decode(np.zeros(249, np.int32)), ValueError, "n_ctx"),
+            ("a prompt of no tokens", lambda: ctx.generate(tokens[:0], 4), ValueError, "empty"),
+            ("no token to generate", lambda: ctx.generate(tokens, 0), ValueError, "max_new"),
+            ("more tokens to generate than n_ctx", lambda: ctx.generate(tokens, 257), OverflowError, "max_new"),
+            ("a generation past n_ctx", lambda: ctx.generate(tokens, 245), ValueError, "n_ctx"),
+            ("no token to draft", lambda: other.generate(tokens, 4, draft=ctx, n_draft=0), ValueError, "n_draft"),
+            (
+                "more drafted tokens than 64",
+                lambda: other.generate(tokens, 4, draft=ctx, n_draft=65),
+                OverflowError,
+                "n_draft",
+            ),
+            ("a draft that is the target", lambda: other.generate(tokens, 4, draft=other), TypeError, "draft"),
+            ("a draft on a used sequence", lambda: other.generate(tokens, 4, draft=ctx), ValueError, "empty sequences"),
+        ]
+        for what, call, kind, names in bounded:
+            held = (ctx.n_past, ctx.sequence_length, other.n_past, other.sequence_length)
+            err = raised(call)
+            expect(
+                "SHAPE-02",
+                type(err) is kind and names in str(err),
+                f"{what}: raised {err!r}, expected a {kind.__name__} naming {names!r}",
+            )
+            now = (ctx.n_past, ctx.sequence_length, other.n_past, other.sequence_length)
+            expect("SHAPE-02", now == held, f"{what}: the sequences moved from {held} to {now}")
+        ctx.reset()
+        other.decode(tokens)
+        err = raised(lambda: other.generate(tokens[:1], 4, draft=ctx))
+        expect(
+            "SHAPE-02",
+            type(err) is ValueError and "empty sequences" in str(err),
+            f"a speculative generation on a used target: raised {err!r}",
+        )
+        other.reset()
+        err = raised(lambda: other.generate(tokens[:1], 252, draft=ctx, n_draft=4))
+        expect(
+            "SHAPE-02",
+            type(err) is ValueError and "fit both contexts" in str(err),
+            f"a speculative generation past both contexts: raised {err!r}",
+        )
+        ctx.decode(np.arange(248, dtype=np.int32))
+        ctx.decode(np.arange(8, dtype=np.int32))  # the context filled exactly
+        expect("SHAPE-02", ctx.sequence_length == 256, f"a decode to n_ctx left {ctx.sequence_length} positions")
