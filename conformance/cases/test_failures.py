@@ -4,6 +4,7 @@ poisons it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -365,6 +366,21 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             "the failed call left the checkpoint's parameters: restoring would prove nothing",
         )
         with retro.Trainer(ctx, optimizer=adamw) as fresh:
+            # a checkpoint that is not this model's is refused whole, before anything is written
+            untouched = (model.parameters(), fresh.iteration)
+            for what, damaged, kind in _damaged_checkpoints(ckpt):
+                err = None
+                try:
+                    fresh.restore(damaged)
+                except Exception as e:  # noqa: BLE001 - the check judges what was raised
+                    err = e
+                expect("FAIL-08", type(err) is kind, f"restoring {what}: raised {err!r}, expected {kind.__name__}")
+                now = (model.parameters(), fresh.iteration)
+                expect(
+                    "FAIL-08",
+                    not support.changed(untouched[0], now[0]) and now[1] == untouched[1],
+                    f"restoring {what} wrote into the model or the cursor before it was refused",
+                )
             fresh.restore(ckpt)
             expect(
                 "FAIL-08",
@@ -383,6 +399,33 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             fresh.epoch(then)
             with bound("FAIL-08"):
                 support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")
+
+
+def _damaged_checkpoints(ckpt: retro.Checkpoint) -> list[tuple[str, object, type]]:
+    """(what, a checkpoint one detail of which does not fit the model, the typed error)."""
+    params, moments = ckpt.parameters, ckpt.moments
+    first = sorted(moments)[0]
+    m, v = moments[first]
+    return [
+        ("a dictionary", {"parameters": params}, TypeError),
+        (
+            "a checkpoint missing a tensor",
+            dataclasses.replace(ckpt, parameters=dict(list(params.items())[1:])),
+            ValueError,
+        ),
+        (
+            "a checkpoint with a tensor too many",
+            dataclasses.replace(ckpt, parameters={**params, "extra": m}),
+            ValueError,
+        ),
+        (
+            "float64 parameters",
+            dataclasses.replace(ckpt, parameters={n: a.astype(np.float64) for n, a in params.items()}),
+            ValueError,
+        ),
+        ("a moment of another shape", dataclasses.replace(ckpt, moments={**moments, first: (m, v[:1])}), ValueError),
+        ("a cursor of 0", dataclasses.replace(ckpt, iteration=0), ValueError),
+    ]
 
 
 #: the reference epoch of the sweep: 4 micro-batches of 64 tokens, accumulation 2, the fused head
