@@ -200,6 +200,7 @@ class Mutant:
     outcome: str = ""  # killed | weak | survived | invalid | equivalent | stale (its line changed since the draw)
     seconds: float = 0.0
     detail: str = ""
+    checks: str = ""  # the commit whose checks judged it ("": a working tree's edits)
 
 
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -662,13 +663,20 @@ def main(argv: list[str] | None = None) -> int:
                 kept.path = m.path  # the mutant files of this run
         known = equivalents()
         print(f"{run.generated} mutants generated; judging {run.sample}, {run.judged} judged already", flush=True)
-        again = [m for m in run.drawn if m.outcome in ("survived", "weak")] if args.rejudge else []
+        checks = checks_at()
+        # survivors and weak kills again, but not those these very checks judged (a resumed rejudge)
+        again = [m for m in run.drawn if m.outcome in ("survived", "weak") and not (checks and m.checks == checks)]
+        again = again if args.rejudge else []
         try:
             for m in again:
-                if then and not port(m, then, work):
+                reason = known_equivalent(m, known)  # found equivalent since it was judged
+                if reason:
+                    m.outcome, m.detail = "equivalent", reason
+                elif then and not port(m, then, work):
                     m.outcome, m.detail = "stale", "the line changed since the draw"
                 else:
                     judge.mutant(m)
+                    m.checks = checks or ""
                 save(run, args.out)
                 print(f"[again] {m.file}:{m.line} {m.outcome} ({m.seconds} s)" + (f" [{m.detail}]" if m.detail else ""))
             for m in mutants[len(run.drawn) :]:
@@ -682,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                     m.outcome, m.detail = "stale", "the line changed since the draw"
                 else:
                     judge.mutant(m)
+                    m.checks = checks or ""
                 save(run, args.out)
                 print(
                     f"[{run.judged}/{run.sample}] {m.file}:{m.line} {m.outcome} ({m.seconds} s): "
@@ -716,6 +725,14 @@ def drawn_at(only: list[str] | None) -> str | None:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *OWN, "retro", "vendor"], cwd=REPO).returncode
     return head if head and edited == 0 and not only else None
+
+
+def checks_at() -> str | None:
+    """HEAD, when the checks and everything they certify are as HEAD has them."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    paths = [*OWN, "retro", "vendor", "native", "conformance", "fault_injection"]
+    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=REPO).returncode
+    return head if head and edited == 0 else None
 
 
 def digest(mutants: list[Mutant]) -> str:
