@@ -26,7 +26,8 @@ from retro.unsafe import TensorCapture
 def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loaded, tmp_path):
     """Selectors come only from a profile; a profile saved and loaded is accepted for its model;
     one recorded for another pin, architecture or backend is refused before anything native
-    changes."""
+    changes; and every way a selector, a set of them or a profile file can fail to fit the profile
+    and the model is refused alone, with its typed error naming what does not fit (_unfitting)."""
     model, profile = loaded
     with bound("TX-PROF-01"), pytest.raises(TypeError):
         Selector("l_out-0", "f32", 64, 8, "read-only", True, "tokens", profile)
@@ -43,6 +44,63 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         with bound("TX-PROF-01"), pytest.raises(ProfileError):
             plain_context(model, tx).close()
         expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
+    for what, call, kind, names in _unfitting(model, profile):
+        try:
+            call()
+            err = None
+        except Exception as e:  # noqa: BLE001 - the check judges what was raised
+            err = e
+        expect(
+            "TX-PROF-01",
+            type(err) is kind and names in str(err),
+            f"{what}: raised {err!r}, expected a {kind.__name__} naming {names!r}",
+        )
+
+
+def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
+    """Every way a selector, a set of them or a profile file can fail to fit the profile and the
+    model, each alone: (what, the call, the typed error, what its message names)."""
+    sel = profile.select("l_out-0", retain=True, max_rows=8)
+    unretained = profile.select("l_out-0")
+    unselectable = next(n for n, node in profile.nodes.items() if node.why_not_selectable)
+    damaged = profile.to_json().replace('"shape": [', '"shape": [7, ', 1)
+    cases = [
+        ("a name of bytes", lambda: profile.select(b"l_out-0"), TypeError, "name"),
+        ("an unknown access", lambda: profile.select("l_out-0", access="writable"), ValueError, "access"),
+        ("a retain flag of 1", lambda: profile.select("l_out-0", retain=1), TypeError, "retain"),
+        ("no rows", lambda: profile.select("l_out-0", max_rows=0), ValueError, "max_rows"),
+        ("a prefix of a name", lambda: profile.select("l_out"), ProfileError, "exactly"),
+        ("a node that cannot be selected", lambda: profile.select(unselectable), ProfileError, "cannot be selected"),
+        ("another element type", lambda: profile.select("l_out-0", dtype="i32"), ProfileError, "not i32"),
+        (
+            "another row width",
+            lambda: profile.select("l_out-0", row_elements=model.n_embd + 1),
+            ProfileError,
+            "elements per row",
+        ),
+        ("a profile that is not one", lambda: TensorTransactions(None, [sel]), TypeError, "profile"),
+        (
+            "a capture that is not one",
+            lambda: TensorTransactions(profile, [sel], captures=[sel]),
+            TypeError,
+            "captures",
+        ),
+        ("a selector by name", lambda: TensorTransactions(profile, ["l_out-0"]), TypeError, "Profile.select"),
+        ("no selector", lambda: TensorTransactions(profile, []), ValueError, "between 1 and"),
+        ("a node selected twice", lambda: TensorTransactions(profile, [sel, sel]), ValueError, "once"),
+        ("a handler that is not callable", lambda: TensorTransactions(profile, [sel], 1), TypeError, "handler"),
+        ("rows nobody takes", lambda: TensorTransactions(profile, [unretained]), ValueError, "need a handler"),
+        (
+            "rows past the retained limit",
+            lambda: TensorTransactions(profile, [sel], retained_limit=8 * model.n_embd * 4 - 1),
+            ValueError,
+            "exceed retained_limit",
+        ),
+        ("a profile of no model", lambda: Profile.record("model.gguf"), TypeError, "model"),
+        ("a file that is no profile", lambda: Profile.from_json("{}"), ProfileError, "not a tensor-transaction"),
+        ("a node of three dimensions", lambda: Profile.from_json(damaged), ProfileError, "four dimensions"),
+    ]
+    return cases
 
 
 @pytest.mark.clause("TX-PROF-03")
