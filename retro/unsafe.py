@@ -50,7 +50,8 @@ class TensorCapture:
             np.float32 if selector.dtype == "f32" else np.int32
         ):
             raise TypeError(f"out must be a numpy array of the node's type ({selector.dtype})")
-        if not out.flags.c_contiguous or not out.flags.writeable:
+        # seeded defect: contiguity checked, writability not (the native copy writes into it)
+        if not out.flags.c_contiguous or not (out.flags.writeable or _checks.seeded("TX-PROF-03.read-only")):
             raise ValueError("out must be C-contiguous and writable")
         self.selector = selector
         self.address = int(out.ctypes.data)

@@ -311,6 +311,11 @@ def _check_token_counts(model: retro.Model) -> None:
             ),
             ("a draft that is the target", lambda: other.generate(tokens, 4, draft=other), TypeError, "draft"),
             ("a draft on a used sequence", lambda: other.generate(tokens, 4, draft=ctx), ValueError, "empty sequences"),
+            # a count is an int: never a float or a bool taken for one, nor a cast of text
+            ("tokens of two dimensions", lambda: ctx.decode(np.zeros((2, 2), np.int32)), ValueError, "1-D"),
+            ("n_ctx as a float", lambda: retro.Context(model, n_ctx=256.0), TypeError, "n_ctx"),
+            ("n_ctx as a bool", lambda: retro.Context(model, n_ctx=True), TypeError, "n_ctx"),
+            ("a duty cycle as text", lambda: retro.Trainer(ctx, duty_cycle="1"), TypeError, "duty_cycle"),
         ]
         for what, call, kind, names in bounded:
             held = (ctx.n_past, ctx.sequence_length, other.n_past, other.sequence_length)

@@ -106,7 +106,9 @@ def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
 @pytest.mark.clause("TX-PROF-03")
 def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
     """TensorCapture's constructor refuses; TensorCapture.unsafe_borrow writes the node's rows
-    into the caller's array, which equals the retained capture of the same node."""
+    into the caller's array, which equals the retained capture of the same node. What it borrows
+    is checked before a pointer to it is kept (a selector, read-only and not retained, and an array
+    of the node's type, contiguous and writable)."""
     model, profile = loaded
     out = np.zeros((4, model.n_embd), np.float32)
     with bound("TX-PROF-03"), pytest.raises(TypeError, match="unsafe_borrow"):
@@ -119,3 +121,21 @@ def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
         ctx.decode(TOKENS[:4])
         _, expected = rows_of(ctx.drain_captures(), "attn_norm-0")
     expect("TX-PROF-03", np.array_equal(out, expected), "the borrowed capture did not write the rows")
+    # what it borrows is checked before a pointer to it is kept: the selector, and an array the
+    # native copy may write into (the node's type, contiguous, writable)
+    frozen = np.zeros((4, model.n_embd), np.float32)
+    frozen.flags.writeable = False
+    read_only = profile.select("attn_norm-0")
+    for what, args, kind in (
+        ("a node's name", ("attn_norm-0", out), TypeError),
+        ("a retained selector", (profile.select("attn_norm-0", retain=True), out), ValueError),
+        ("a float64 array", (read_only, out.astype(np.float64)), TypeError),
+        ("a strided array", (read_only, np.zeros((4, 2 * model.n_embd), np.float32)[:, ::2]), ValueError),
+        ("a read-only array", (read_only, frozen), ValueError),
+    ):
+        try:
+            TensorCapture.unsafe_borrow(*args)
+            err = None
+        except Exception as e:  # noqa: BLE001 - the check judges what was raised
+            err = e
+        expect("TX-PROF-03", type(err) is kind, f"borrowing {what}: raised {err!r}, expected {kind.__name__}")
