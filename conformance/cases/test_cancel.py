@@ -369,6 +369,20 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
                     f"schedule raised at step {k - 1}: iteration {tr.iteration}, {fi.hits('compute')} computes",
                 )
                 expect("HARNESS-04", tr.period_position == 0, "the period of the refused step survived")
+        # a callback that returns what it may not fails as one that raised: a TypeError at once
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), schedule=lambda s, h: "0.01", horizon=steps) as tr:
+            fi.reset()
+            with bound("HARNESS-04"), pytest.raises(TypeError, match="schedule must return a number"):
+                tr.epoch(ds)
+            # asked for the first step's rate before its one micro-batch computes
+            got = (tr.iteration, fi.hits("compute"))
+            expect("HARNESS-04", got == (1, 0), f"a schedule of text: iteration and computes {got}")
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+            fi.reset()
+            with bound("HARNESS-04"), pytest.raises(TypeError, match="must return a bool or None"):
+                tr.epoch(ds, progress=lambda p: "yes")
+            expect("HARNESS-04", fi.hits("compute") == 1, f"a progress of text: {fi.hits('compute')} computes")
+            expect("HARNESS-04", tr.epoch(ds, progress=lambda p: None).epoch_complete, "a progress returning None")
 
 
 @pytest.mark.clause("CANCEL-08")

@@ -399,6 +399,15 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             fresh.epoch(then)
             with bound("FAIL-08"):
                 support.assert_params_equal(model.parameters(), never_failed, backend, "resumed vs never failed")
+        # a checkpoint is taken, and restored, at an accumulation boundary only: 3 micro-batches of
+        # a period of 2 leave one pending, which neither may drop or keep unseen
+        with retro.Trainer(ctx, optimizer=adamw, accumulation=2) as mid:
+            mid.epoch(support.windows(3, 256, model.n_vocab, seed + 27))
+            expect("FAIL-08", mid.period_position == 1, f"period position {mid.period_position}, not 1")
+            for what, call in (("checkpoint", mid.checkpoint), ("restore", lambda: mid.restore(ckpt))):
+                with bound("FAIL-08"), pytest.raises(retro.InvalidStateError):
+                    call()
+                expect("FAIL-08", mid.period_position == 1, f"a refused {what} dropped the pending micro-batch")
 
 
 def _damaged_checkpoints(ckpt: retro.Checkpoint) -> list[tuple[str, object, type]]:

@@ -173,7 +173,15 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
             "callable",
         ),
         ("an unknown loss head", lambda: retro.Trainer(ctx, head="sparse"), ValueError, "head"),
+        ("a trainer of no context", lambda: retro.Trainer("context"), TypeError, "context"),
+        ("an optimizer named, not made", lambda: retro.Trainer(ctx, optimizer="adamw"), TypeError, "optimizer"),
+        ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model)), ValueError, "closed"),
     ]
+
+
+def _closed(model: retro.Model) -> retro.Context:
+    with support.context(model) as ctx:
+        return ctx
 
 
 def _k_wide(k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -313,6 +321,7 @@ def _check_token_counts(model: retro.Model) -> None:
             ("a draft on a used sequence", lambda: other.generate(tokens, 4, draft=ctx), ValueError, "empty sequences"),
             # a count is an int: never a float or a bool taken for one, nor a cast of text
             ("tokens of two dimensions", lambda: ctx.decode(np.zeros((2, 2), np.int32)), ValueError, "1-D"),
+            ("n_ubatch past n_batch", lambda: retro.Context(model, n_batch=128, n_ubatch=256), ValueError, "n_ubatch"),
             ("n_ctx as a float", lambda: retro.Context(model, n_ctx=256.0), TypeError, "n_ctx"),
             ("n_ctx as a bool", lambda: retro.Context(model, n_ctx=True), TypeError, "n_ctx"),
             ("a duty cycle as text", lambda: retro.Trainer(ctx, duty_cycle="1"), TypeError, "duty_cycle"),

@@ -6,11 +6,14 @@ helpers: _transactions.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 
 import numpy as np
 import pytest
 
+from retro import transactions
 from retro.conformance.cases._transactions import (
     TOKENS,
     plain_context,
@@ -27,7 +30,8 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
     """Selectors come only from a profile; a profile saved and loaded is accepted for its model;
     one recorded for another pin, architecture or backend is refused before anything native
     changes; and every way a selector, a set of them or a profile file can fail to fit the profile
-    and the model is refused alone, with its typed error naming what does not fit (_unfitting)."""
+    and the model is refused alone, with its typed error naming what does not fit (_unfitting).
+    The shipped command (retro-profile) records the same profile as the API."""
     model, profile = loaded
     with bound("TX-PROF-01"), pytest.raises(TypeError):
         Selector("l_out-0", "f32", 64, 8, "read-only", True, "tokens", profile)
@@ -44,6 +48,23 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         with bound("TX-PROF-01"), pytest.raises(ProfileError):
             plain_context(model, tx).close()
         expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
+    # the profile a user records with the shipped command is the one recorded here
+    recorded = tmp_path / "retro-profile.json"
+    argv = [str(model.path), "--out", str(recorded), "--gpu-layers", "-1"]
+    argv += [a for index in backend.offload_devices for a in ("--device", str(index))]
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        rc = transactions.main(argv)
+    expect(
+        "TX-PROF-01",
+        rc == 0 and Profile.load(recorded).to_json() == profile.to_json(),
+        f"retro-profile {' '.join(argv)}: exit {rc}, a profile other than the one recorded in process",
+    )
+    selectable = sum(n.why_not_selectable is None for n in profile.nodes.values())
+    expect(
+        "TX-PROF-01",
+        f"{len(profile.nodes)} node names, {selectable} selectable" in said.getvalue(),
+        f"retro-profile's summary: {said.getvalue()[:300]!r}",
+    )
     for what, call, kind, names in _unfitting(model, profile):
         try:
             call()
