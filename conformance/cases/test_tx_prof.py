@@ -31,7 +31,8 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
     one recorded for another pin, architecture or backend is refused before anything native
     changes; and every way a selector, a set of them or a profile file can fail to fit the profile
     and the model is refused alone, with its typed error naming what does not fit (_unfitting).
-    The shipped command (retro-profile) records the same profile as the API."""
+    The shipped command (retro-profile) records the same profile as the API, and its --help says
+    what it records and what for."""
     model, profile = loaded
     with bound("TX-PROF-01"), pytest.raises(TypeError):
         Selector("l_out-0", "f32", 64, 8, "read-only", True, "tokens", profile)
@@ -64,6 +65,17 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         "TX-PROF-01",
         f"{len(profile.nodes)} node names, {selectable} selectable" in said.getvalue(),
         f"retro-profile's summary: {said.getvalue()[:300]!r}",
+    )
+    # and says what it records and what for, under its own name
+    with contextlib.redirect_stdout(io.StringIO()) as helped, pytest.raises(SystemExit) as done:
+        transactions.main(["--help"])
+    text = " ".join(helped.getvalue().split())
+    expect(
+        "TX-PROF-01",
+        done.value.code == 0
+        and text.startswith("usage: retro-profile ")
+        and "every node of a decode's graph) for selectors to be bound to" in text,
+        f"retro-profile --help: exit {done.value.code}, {text[:300]!r}",
     )
     for what, call, kind, names in _unfitting(model, profile):
         try:
