@@ -45,6 +45,11 @@ def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: in
     return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
 
+def hostile(value: object) -> Any:
+    """A value of a type the API does not take, passed on purpose: the check is that it is refused."""
+    return value
+
+
 #: checks run at a fixed CPU thread count, never the load-following default: ggml splits the
 #: cross-entropy loss's sum across threads, so a run whose thread count changed with the machine's
 #: load reports a loss that differs in the last bits from an oracle run at another count

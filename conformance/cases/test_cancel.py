@@ -370,7 +370,9 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
                 )
                 expect("HARNESS-04", tr.period_position == 0, "the period of the refused step survived")
         # a callback that returns what it may not fails as one that raised: a TypeError at once
-        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), schedule=lambda s, h: "0.01", horizon=steps) as tr:
+        with retro.Trainer(
+            ctx, optimizer=retro.SGD(lr=0.01), schedule=support.hostile(lambda s, h: "0.01"), horizon=steps
+        ) as tr:
             fi.reset()
             with bound("HARNESS-04"), pytest.raises(TypeError, match="schedule must return a number"):
                 tr.epoch(ds)
@@ -380,7 +382,7 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
             fi.reset()
             with bound("HARNESS-04"), pytest.raises(TypeError, match="must return a bool or None"):
-                tr.epoch(ds, progress=lambda p: "yes")
+                tr.epoch(ds, progress=support.hostile(lambda p: "yes"))
             expect("HARNESS-04", fi.hits("compute") == 1, f"a progress of text: {fi.hits('compute')} computes")
             expect("HARNESS-04", tr.epoch(ds, progress=lambda p: None).epoch_complete, "a progress returning None")
 

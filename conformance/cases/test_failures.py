@@ -371,7 +371,7 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             for what, damaged, kind in _damaged_checkpoints(ckpt):
                 err = None
                 try:
-                    fresh.restore(damaged)
+                    fresh.restore(support.hostile(damaged))
                 except Exception as e:  # noqa: BLE001 - the check judges what was raised
                     err = e
                 expect("FAIL-08", type(err) is kind, f"restoring {what}: raised {err!r}, expected {kind.__name__}")

@@ -6,6 +6,7 @@ the link's deadline, poison the trainer, and never abort or hang the process (fo
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, s
     """Killed before micro-batch k+1 for every k of a 4-micro-batch epoch, and stopped (SIGSTOP)
     once: a ComputeError naming the lost link within the deadline, no progress report for the
     failed step, a poisoned trainer that refuses every later call. A server that never ran is a
-    BackendError at connect."""
+    BackendError at connect; one that stalls within the link's default deadline fails nothing."""
     _remote_only(backend)
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(4, 256, probe.n_vocab, seed + 40)
@@ -84,6 +85,44 @@ def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, s
                                 call()
     with bound("FAIL-01"), pytest.raises(retro.BackendError):
         retro.rpc.connect(f"{retro.rpc.LOOPBACK}:{retro.rpc.free_port()}", deadline_s=DEADLINE_S)
+    _stalled_within_the_deadline(model_path, ds)
+
+
+#: how long the stalled server answers nothing: longer than any step of these checks takes, well
+#: within the link's default deadline
+STALL_S = 2.0
+
+
+def _stalled_within_the_deadline(model_path, ds: retro.TokenDataset) -> None:
+    """Only a failure is recorded: a server that answers nothing for STALL_S after the first
+    micro-batch (SIGSTOP, then SIGCONT), on a link with the default deadline, delays the epoch and
+    fails nothing: it completes, the trainer is not poisoned, and the parameters are those of an
+    epoch that never stalled."""
+    with retro.rpc.Server() as server:
+        devices = retro.rpc.connect(server.endpoint)  # the default deadline, as a user's link has
+        remote = backends.Backend("rpc", True, devices=tuple(d.__dict__ for d in devices))
+        runs = []
+        for stall in (False, True):
+
+            def progress(p: retro.Progress) -> None:
+                if stall and p.done == 1:
+                    server.stop()
+                    threading.Timer(STALL_S, server.resume).start()
+
+            with support.load(remote, model_path) as model, support.context(model) as ctx:
+                with retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-2)) as tr:
+                    t0 = time.monotonic()
+                    try:
+                        m = tr.epoch(ds, progress=progress)
+                    except retro.RetroError as e:
+                        expect("FAIL-07", False, f"stalled {STALL_S} s: {type(e).__name__}: {str(e)[:300]}")
+                        return
+                    took = time.monotonic() - t0
+                    expect("FAIL-07", m.epoch_complete and not tr.poisoned, f"stall {stall}: {m}")
+                    runs.append((model.parameters(), took))
+        expect("FAIL-07", runs[1][1] >= STALL_S, f"the epoch took {runs[1][1]:.1f} s: the server never stalled")
+        with bound("FAIL-07"):
+            support.assert_params_equal(runs[1][0], runs[0][0], support.CPU, "stalled vs never stalled")
 
 
 @pytest.mark.clause("FAIL-08")

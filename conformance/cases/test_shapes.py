@@ -89,7 +89,7 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
             ValueError,
             "cannot fill",
         ),
-        ("tokens as a list", lambda: Token(t.tolist(), t), TypeError, "numpy array"),
+        ("tokens as a list", lambda: Token(support.hostile(t.tolist()), t), TypeError, "numpy array"),
         ("labels of another shape", lambda: Token(t, t[:, :128].copy()), ValueError, "one shape"),
         # weighted windows: the caller's arrays, borrowed as they are
         ("float64 weights", lambda: Weighted(t, t, w.astype(np.float64)), TypeError, "float32"),
@@ -140,17 +140,22 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
             "n_ubatch",
         ),
         # the epoch call and the trainer's schedule
-        ("not a dataset", lambda: tr.epoch(t), TypeError, "dataset must be"),
+        ("not a dataset", lambda: tr.epoch(support.hostile(t)), TypeError, "dataset must be"),
         (
             "a window wider than the context",
             lambda: tr.epoch(Token(np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32))),
             ValueError,
             "n_ctx",
         ),
-        ("a progress callback that is not callable", lambda: tr.epoch(Token(t, t), progress=1), TypeError, "progress"),
+        (
+            "a progress callback that is not callable",
+            lambda: tr.epoch(Token(t, t), progress=support.hostile(1)),
+            TypeError,
+            "progress",
+        ),
         (
             "an epoch callback not of ctypes",
-            lambda: tr.epoch(Token(t, t), epoch_callback=print),
+            lambda: tr.epoch(Token(t, t), epoch_callback=support.hostile(print)),
             TypeError,
             "epoch_callback",
         ),
@@ -168,13 +173,18 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
         ),
         (
             "a schedule that is not callable",
-            lambda: retro.Trainer(ctx, schedule=1e-3, horizon=4),
+            lambda: retro.Trainer(ctx, schedule=support.hostile(1e-3), horizon=4),
             TypeError,
             "callable",
         ),
         ("an unknown loss head", lambda: retro.Trainer(ctx, head="sparse"), ValueError, "head"),
-        ("a trainer of no context", lambda: retro.Trainer("context"), TypeError, "context"),
-        ("an optimizer named, not made", lambda: retro.Trainer(ctx, optimizer="adamw"), TypeError, "optimizer"),
+        ("a trainer of no context", lambda: retro.Trainer(support.hostile("context")), TypeError, "context"),
+        (
+            "an optimizer named, not made",
+            lambda: retro.Trainer(ctx, optimizer=support.hostile("adamw")),
+            TypeError,
+            "optimizer",
+        ),
         ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model)), ValueError, "closed"),
     ]
 
@@ -322,9 +332,14 @@ def _check_token_counts(model: retro.Model) -> None:
             # a count is an int: never a float or a bool taken for one, nor a cast of text
             ("tokens of two dimensions", lambda: ctx.decode(np.zeros((2, 2), np.int32)), ValueError, "1-D"),
             ("n_ubatch past n_batch", lambda: retro.Context(model, n_batch=128, n_ubatch=256), ValueError, "n_ubatch"),
-            ("n_ctx as a float", lambda: retro.Context(model, n_ctx=256.0), TypeError, "n_ctx"),
+            ("n_ctx as a float", lambda: retro.Context(model, n_ctx=support.hostile(256.0)), TypeError, "n_ctx"),
             ("n_ctx as a bool", lambda: retro.Context(model, n_ctx=True), TypeError, "n_ctx"),
-            ("a duty cycle as text", lambda: retro.Trainer(ctx, duty_cycle="1"), TypeError, "duty_cycle"),
+            (
+                "a duty cycle as text",
+                lambda: retro.Trainer(ctx, duty_cycle=support.hostile("1")),
+                TypeError,
+                "duty_cycle",
+            ),
         ]
         for what, call, kind, names in bounded:
             held = (ctx.n_past, ctx.sequence_length, other.n_past, other.sequence_length)

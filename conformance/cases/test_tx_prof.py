@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import bound, expect
+from retro.conformance.support import hostile
 from retro.transactions import Profile, ProfileError, Selector, TensorTransactions
 from retro.unsafe import TensorCapture
 
@@ -90,7 +92,7 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         )
 
 
-def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
+def _unfitting(model, profile: Profile) -> list[tuple[str, Callable[[], object], type[Exception], str]]:
     """Every way a selector, a set of them or a profile file can fail to fit the profile and the
     model, each alone: (what, the call, the typed error, what its message names)."""
     sel = profile.select("l_out-0", retain=True, max_rows=8)
@@ -98,9 +100,9 @@ def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
     unselectable = next(n for n, node in profile.nodes.items() if node.why_not_selectable)
     damaged = profile.to_json().replace('"shape": [', '"shape": [7, ', 1)
     cases = [
-        ("a name of bytes", lambda: profile.select(b"l_out-0"), TypeError, "name"),
-        ("an unknown access", lambda: profile.select("l_out-0", access="writable"), ValueError, "access"),
-        ("a retain flag of 1", lambda: profile.select("l_out-0", retain=1), TypeError, "retain"),
+        ("a name of bytes", lambda: profile.select(hostile(b"l_out-0")), TypeError, "name"),
+        ("an unknown access", lambda: profile.select("l_out-0", access=hostile("writable")), ValueError, "access"),
+        ("a retain flag of 1", lambda: profile.select("l_out-0", retain=hostile(1)), TypeError, "retain"),
         ("no rows", lambda: profile.select("l_out-0", max_rows=0), ValueError, "max_rows"),
         ("a prefix of a name", lambda: profile.select("l_out"), ProfileError, "exactly"),
         ("a node that cannot be selected", lambda: profile.select(unselectable), ProfileError, "cannot be selected"),
@@ -111,17 +113,22 @@ def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
             ProfileError,
             "elements per row",
         ),
-        ("a profile that is not one", lambda: TensorTransactions(None, [sel]), TypeError, "profile"),
+        ("a profile that is not one", lambda: TensorTransactions(hostile(None), [sel]), TypeError, "profile"),
         (
             "a capture that is not one",
-            lambda: TensorTransactions(profile, [sel], captures=[sel]),
+            lambda: TensorTransactions(profile, [sel], captures=[hostile(sel)]),
             TypeError,
             "captures",
         ),
-        ("a selector by name", lambda: TensorTransactions(profile, ["l_out-0"]), TypeError, "Profile.select"),
+        ("a selector by name", lambda: TensorTransactions(profile, [hostile("l_out-0")]), TypeError, "Profile.select"),
         ("no selector", lambda: TensorTransactions(profile, []), ValueError, "between 1 and"),
         ("a node selected twice", lambda: TensorTransactions(profile, [sel, sel]), ValueError, "once"),
-        ("a handler that is not callable", lambda: TensorTransactions(profile, [sel], 1), TypeError, "handler"),
+        (
+            "a handler that is not callable",
+            lambda: TensorTransactions(profile, [sel], hostile(1)),
+            TypeError,
+            "handler",
+        ),
         ("rows nobody takes", lambda: TensorTransactions(profile, [unretained]), ValueError, "need a handler"),
         (
             "rows past the retained limit",
@@ -129,7 +136,7 @@ def _unfitting(model, profile: Profile) -> list[tuple[str, object, type, str]]:
             ValueError,
             "exceed retained_limit",
         ),
-        ("a profile of no model", lambda: Profile.record("model.gguf"), TypeError, "model"),
+        ("a profile of no model", lambda: Profile.record(hostile("model.gguf")), TypeError, "model"),
         ("a file that is no profile", lambda: Profile.from_json("{}"), ProfileError, "not a tensor-transaction"),
         ("a node of three dimensions", lambda: Profile.from_json(damaged), ProfileError, "four dimensions"),
     ]
