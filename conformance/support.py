@@ -45,6 +45,15 @@ def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: in
     return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
 
+def raised(fn: Callable[[], object]) -> BaseException | None:
+    """What a call raised (None: it returned): the checks of refused inputs judge the exception."""
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the check judges what was raised
+        return err
+    return None
+
+
 def hostile(value: object) -> Any:
     """A value of a type the API does not take, passed on purpose: the check is that it is refused."""
     return value

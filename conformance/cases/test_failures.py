@@ -369,11 +369,7 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
             # a checkpoint that is not this model's is refused whole, before anything is written
             untouched = (model.parameters(), fresh.iteration)
             for what, damaged, kind in _damaged_checkpoints(ckpt):
-                err = None
-                try:
-                    fresh.restore(support.hostile(damaged))
-                except Exception as e:  # noqa: BLE001 - the check judges what was raised
-                    err = e
+                err = support.raised(lambda: fresh.restore(support.hostile(damaged)))
                 expect("FAIL-08", type(err) is kind, f"restoring {what}: raised {err!r}, expected {kind.__name__}")
                 now = (model.parameters(), fresh.iteration)
                 expect(

@@ -19,12 +19,7 @@ INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 TYPED = (ValueError, TypeError, OverflowError)
 
 
-def raised(fn: Callable[[], object]) -> BaseException | None:
-    try:
-        fn()
-    except Exception as err:  # noqa: BLE001 - the check judges what was raised
-        return err
-    return None
+raised = support.raised
 
 
 def _state(model: retro.Model, tr: retro.Trainer) -> tuple:

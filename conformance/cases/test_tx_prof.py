@@ -22,7 +22,7 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import bound, expect
-from retro.conformance.support import hostile
+from retro.conformance.support import hostile, raised
 from retro.transactions import Profile, ProfileError, Selector, TensorTransactions
 from retro.unsafe import TensorCapture
 
@@ -80,11 +80,7 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         f"retro-profile --help: exit {done.value.code}, {text[:300]!r}",
     )
     for what, call, kind, names in _unfitting(model, profile):
-        try:
-            call()
-            err = None
-        except Exception as e:  # noqa: BLE001 - the check judges what was raised
-            err = e
+        err = raised(call)
         expect(
             "TX-PROF-01",
             type(err) is kind and names in str(err),
@@ -173,9 +169,5 @@ def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
         ("a strided array", (read_only, np.zeros((4, 2 * model.n_embd), np.float32)[:, ::2]), ValueError),
         ("a read-only array", (read_only, frozen), ValueError),
     ):
-        try:
-            TensorCapture.unsafe_borrow(*args)
-            err = None
-        except Exception as e:  # noqa: BLE001 - the check judges what was raised
-            err = e
+        err = raised(lambda: TensorCapture.unsafe_borrow(*args))
         expect("TX-PROF-03", type(err) is kind, f"borrowing {what}: raised {err!r}, expected {kind.__name__}")
