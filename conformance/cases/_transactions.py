@@ -124,7 +124,18 @@ CHILD_SCRIPT = textwrap.dedent(
         in_handler.clear()
         threading.Thread(target=decode_forever, daemon=True).start()
         in_handler.wait()
-    # "exit" and "mid-use": left to interpreter shutdown
+    elif mode == "mid-call":  # ... while another thread waits inside a call no close can end
+        import socket, retro.rpc
+        peer = socket.create_server(("127.0.0.1", 0))  # it listens and never answers the handshake
+        def handshake():
+            try:
+                retro.rpc.connect(f"127.0.0.1:{peer.getsockname()[1]}", deadline_s=2.0)
+            except retro.RetroError:
+                pass
+        threading.Thread(target=handshake, daemon=True).start()
+        while native.calls_in_flight() == 0:
+            time.sleep(0.001)
+    # "exit", "mid-use" and "mid-call": left to interpreter shutdown
     """
 )
 

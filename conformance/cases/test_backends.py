@@ -5,6 +5,9 @@ of the model offloaded, and a backend without a device reads "not available"."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -126,3 +129,27 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
         ds = support.windows(8, 256, 512, seed)
         got = _train_and_decode(split, model_path, ds)
     _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, ds))
+    _serves_as_its_help_says()
+
+
+def _serves_as_its_help_says() -> None:
+    """The command a user starts each further server with says how to start it and what it serves,
+    and refuses a thread count it cannot serve with before it listens."""
+    run = [sys.executable, "-P", *(["-S"] if sys.flags.no_site else []), "-m", "retro.rpc"]
+    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120)
+    text = " ".join(helped.stdout.split())
+    expect(
+        "HARNESS-01",
+        helped.returncode == 0
+        and text.startswith("usage: python -m retro.rpc ")
+        and "Serve this process's CPU" in text,
+        f"python -m retro.rpc --help: exit {helped.returncode}, {text[:300]!r}",
+    )
+    refused = subprocess.run(
+        [*run, "--port", str(retro.rpc.free_port()), "--threads", "0"], capture_output=True, text=True, timeout=120
+    )
+    expect(
+        "HARNESS-01",
+        refused.returncode != 0 and "threads must be >= 1" in refused.stderr,
+        f"python -m retro.rpc --threads 0: exit {refused.returncode}, {refused.stderr[-300:]!r}",
+    )

@@ -203,6 +203,9 @@ def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(ba
                 # preparation: half the state fits; step: the state fits, the compute buffer does
                 # not. Either way the server keeps room for its own small allocations (commands,
                 # replies), which failing would end it: a lost link, not a device out of memory
+                # a cap below what the server maps now is refused: the cap set next means what it says
+                refused = support.raised(lambda: server.limit_memory(-1))
+                assert isinstance(refused, ValueError), f"a negative extra for the cap: {refused!r}"
                 server.limit_memory(state // 2 if when == "preparation" else state + MiB)
                 seen: list[int] = []
                 with bound("FAIL-01"), pytest.raises(retro.TrainingError) as err:

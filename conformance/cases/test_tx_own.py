@@ -60,13 +60,17 @@ def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
 def test_the_native_context_is_freed_before_the_callback_state(backend, model_path):
     """In a child interpreter under -X dev, the handler's finalizer (run when the callback state
     lets it go) looks for llama.cpp's own destructor lines: closed, collected as garbage, left to
-    interpreter shutdown, and left there while another thread is inside a decode, the native
-    context is always freed first, and the child exits cleanly (no exception swallowed on the way)."""
+    interpreter shutdown, left there while another thread is inside a decode, and left there while
+    another thread waits inside a native call that no close ends (an RPC handshake with a peer that
+    never answers, within its deadline), the native context is always freed first, and the child
+    exits cleanly (no exception swallowed on the way)."""
     env = dict(os.environ)
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
     # -S as this interpreter has it (a site view of a separate build), so the child imports this retro
     python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
-    for mode in ("close", "gc", "exit", "mid-use"):
+    # the waiting call is an RPC handshake: a build without the RPC backend has none to wait in
+    waits = ("mid-call",) if _native.rpc_built() else ()
+    for mode in ("close", "gc", "exit", "mid-use", *waits):
         run = subprocess.run(
             [*python, "-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects],
             capture_output=True,
