@@ -3,10 +3,12 @@ parameter comparison (bitwise on CPU, a tolerance on other backends)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import gguf
 import numpy as np
 
 import retro
+from retro import _native_logs
 from retro._threads import default_threads
 from retro.testing import TinyLlamaSpec, write_tiny_llama
 
@@ -52,6 +55,25 @@ def raised(fn: Callable[[], object]) -> BaseException | None:
     except Exception as err:  # noqa: BLE001 - the check judges what was raised
         return err
     return None
+
+
+@contextlib.contextmanager
+def native_warnings() -> Iterator[list[str]]:
+    """The warning and error lines llama.cpp and ggml log while the block runs: their own record
+    of what they had to correct or refuse (forwarded to the `retro.native` logger)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage().strip())
+
+    logger, keep = logging.getLogger("retro.native"), Keep(logging.WARNING)
+    logger.addHandler(keep)
+    try:
+        yield lines
+    finally:
+        _native_logs.drain()  # what a call that does not forward its lines left queued
+        logger.removeHandler(keep)
 
 
 def hostile(value: object) -> Any:

@@ -138,3 +138,32 @@ def test_a_function_no_clause_governs_is_not_drawn_from():
     assert run.python_not_mutated(source) == set()
     drawn = {rel for rel in run.PYTHON}
     assert "retro/scoring.py" not in drawn and "retro/context.py" in drawn
+
+
+def test_a_certification_that_loses_a_pass_kills_the_mutant(tmp_path, monkeypatch):
+    """A mutant whose intact runs fail nothing but read a clause the unmutated build certified as
+    anything else (its backend gone: "not available") is killed when the rerun repeats it; a
+    difference the rerun does not repeat is chance, and a run that reads as the baseline survives."""
+    run = _runner()
+    whole = {f"{c} on {b}": "pass" for c in ("BASE-01", "FAIL-07") for b in ("cpu", "rpc")}
+    gone = {**whole, "BASE-01 on rpc": "not available", "FAIL-07 on rpc": "not available"}
+    runs: list[dict[str, str]] = []
+
+    def certify(site, out, timeout, *, defects, clauses=run.COVERED):
+        verdicts = runs.pop(0)
+        wanted = clauses.split(",")
+        return run.Certification(0, [], {k: v for k, v in verdicts.items() if k.split(" on ")[0] in wanted})
+
+    monkeypatch.setattr(run, "certify", certify)
+    judge = run.Judge(tmp_path, tmp_path, 60.0)
+    runs.append(whole)
+    judge.intact_baseline()
+    m = run.Mutant("native/core/remote.cpp", 34, "a", "b", str(tmp_path / "m"))
+    runs.extend([gone, gone])
+    assert judge._killed(m) and m.outcome == "killed"
+    assert "BASE-01, FAIL-07" in m.detail and "BASE-01 on rpc" in m.detail
+    runs.extend([gone, whole, gone, whole])  # twice a difference the rerun does not repeat
+    assert judge._killed(m) and m.detail.startswith("failed intermittently")
+    runs.append(whole)
+    assert not judge._killed(m)
+    assert not runs

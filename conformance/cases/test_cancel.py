@@ -167,7 +167,8 @@ def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, se
 @pytest.mark.clause("CANCEL-01")
 def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backend, model_path, seed):
     """A C-level callback with upstream ggml's ggml_opt_epoch_callback signature is called after
-    every micro-batch with its arguments, beside the progress callback; a progress callback
+    every micro-batch with its arguments, beside the progress callback (a NULL one, as C passes for
+    none, is no callback); a progress callback
     returning False makes exactly one llama_opt_request_stop (counted by llama.cpp itself), and a
     run that is not cancelled makes none."""
     calls: list[tuple[bool, int, int, bool, bool]] = []
@@ -197,6 +198,8 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
             )
             expect("CANCEL-01", len(progress_calls) == n_train + n_eval, f"progress ran {len(progress_calls)} times")
             expect("CANCEL-01", tr.stop_requests == 0, f"{tr.stop_requests} stop requests without a cancel")
+            # a NULL function pointer, what C code passes for "no callback", is no callback
+            tr.epoch(ds, val_fraction=frac, epoch_callback=retro.EpochCallback())
             for k in (1, 3):
                 calls.clear()
                 before = tr.stop_requests

@@ -8,12 +8,13 @@ whole certification, and report the mutants it let through.
     python tests/mutation/run.py --resume --out F                  # go on with a run that stopped
     python tests/mutation/run.py --pinned tests/mutation/pinned.toml --no-defect-proof   # what CI runs
 
-A mutant is judged by the whole certification (every clause, cpu and rpc). It is *killed* when a
-check's intact run fails, crashes or hangs against it, and fails again when the clauses that failed
-are run once more (a check on a loaded machine can fail by chance); a *weak kill* when the intact runs all pass
-and only a seeded-defect run tells (a defect the baseline catches escapes, or a defect run
-crashes): counted apart, not as a kill; it *survives* when the whole certification reads as on the
-unmutated build. A mutant that does not compile is invalid and not counted; the sample is drawn
+A mutant is judged by the whole certification (every clause, cpu and rpc). It is *killed* when its
+intact run reads otherwise than the unmutated build's (a check fails, crashes or hangs, or a clause
+that certified reads anything but pass: a backend gone reads "not available"), and reads so again
+when those clauses are run once more (a check on a loaded machine can fail by chance); a *weak
+kill* when the intact runs all read as the unmutated build's and only a seeded-defect run tells
+(a defect the baseline catches escapes, or a defect run crashes): counted apart, not as a kill; it
+*survives* when the whole certification reads as on the unmutated build. A mutant that does not compile is invalid and not counted; the sample is drawn
 from the seeded shuffle until --sample mutants have been judged. Known-equivalent mutants
 (tests/mutation/equivalent.toml, each with its reason) are reported apart and not counted. The
 seeded-defect switches, and the branches only they open, are never mutated: they are off in a
@@ -282,9 +283,19 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: st
     return Certification(run.returncode, failed, verdicts, head)
 
 
-def lost(baseline: Certification, mutant: Certification) -> list[str]:
-    """What the baseline's certification passed and the mutant's does not."""
-    return sorted(k for k, v in baseline.verdicts.items() if v == "pass" and mutant.verdicts.get(k) != "pass")
+def lost(baseline: Certification, mutant: Certification, clauses: list[str] | None = None) -> list[str]:
+    """What the baseline's certification passed and the mutant's does not (of `clauses` only, for
+    a run of some of them)."""
+    return sorted(
+        k
+        for k, v in baseline.verdicts.items()
+        if v == "pass" and mutant.verdicts.get(k) != "pass" and (clauses is None or k.split(" on ")[0] in clauses)
+    )
+
+
+def clauses_of(verdicts: list[str]) -> list[str]:
+    """The clauses of "CLAUSE on backend" verdicts."""
+    return sorted({k.split(" on ")[0] for k in verdicts})
 
 
 def patched_lines(rel: str) -> list[int]:
@@ -625,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
         if intact.failed and not judge.rerun(intact.failed).failed:
             # a check on a loaded machine failed by chance; the same rule as a mutant's kill
             print(f"the unmutated build failed {', '.join(intact.failed)} once, then passed", flush=True)
-            intact.failed = []
+            # whole once more: a run that stopped at its first failure holds no verdicts after it,
+            # and every mutant's run is compared with these
+            intact = judge.intact_baseline()
         short = intact.failed or ([] if args.no_defect_proof else judge.defect_baseline_shortfall())
         if short:
             print(f"the unmutated build is not certified ({', '.join(short)}): nothing to measure", file=sys.stderr)
@@ -747,6 +760,7 @@ class Judge:
 
     def __init__(self, site: Path, work: Path, timeout: float) -> None:
         self.site, self.work, self.timeout = site, work, timeout
+        self._intact_baseline: Certification | None = None
         self._defect_baseline: Certification | None = None
         self._runs = 0
         # the build holds native code other than the sources' (a mutant's, or an invalid mutant's
@@ -760,12 +774,20 @@ class Judge:
         return certify(self.site, out, self.timeout, defects=defects, clauses=",".join(clauses or [COVERED]))
 
     def intact_baseline(self) -> Certification:
-        return self._certify(defects=False)
+        self._intact_baseline = self._certify(defects=False)
+        return self._intact_baseline
 
     def rerun(self, failed: list[str]) -> Certification:
         """The clauses that failed, run once more without their defects (all of them when the
         run left no results)."""
         return self._certify(defects=False, clauses=None if "(no results)" in failed else failed)
+
+    def differs(self, intact: Certification, clauses: list[str] | None = None) -> list[str]:
+        """The clauses an intact run of a mutant reads otherwise than the unmutated build's: a
+        failed check, or a pass that became anything else (a backend that reads "not available",
+        a check that reads "not supported"): a certification that no longer certifies what it did."""
+        before = self._intact_baseline
+        return sorted({*intact.failed, *clauses_of(lost(before, intact, clauses) if before else [])})
 
     def defect_baseline(self) -> Certification:
         if self._defect_baseline is None:
@@ -824,14 +846,18 @@ class Judge:
         chance = []
         for _ in range(2):
             intact = self._certify(defects=False)
-            if not intact.failed:
+            differs = self.differs(intact)
+            if not differs:
                 return False
-            again = self.rerun(intact.failed)
-            if again.failed:
+            again = self.rerun(differs)
+            if self.differs(again, None if "(no results)" in differs else differs):
                 m.outcome = "killed"
-                m.detail = f"failed, twice: {', '.join(intact.failed)} ({again.first_failure or intact.first_failure})"
+                first = (
+                    again.first_failure or intact.first_failure or "; ".join(lost(self._intact_baseline, intact)[:4])
+                )
+                m.detail = f"failed, twice: {', '.join(differs)} ({first})"
                 return True
-            chance.append(", ".join(intact.failed))
+            chance.append(", ".join(differs))
         m.outcome, m.detail = "killed", "failed intermittently: " + "; ".join(chance)
         return True
 
