@@ -327,6 +327,13 @@ def _check_token_counts(model: retro.Model) -> None:
             # a count is an int: never a float or a bool taken for one, nor a cast of text
             ("tokens of two dimensions", lambda: ctx.decode(np.zeros((2, 2), np.int32)), ValueError, "1-D"),
             ("n_ubatch past n_batch", lambda: retro.Context(model, n_batch=128, n_ubatch=256), ValueError, "n_ubatch"),
+            # each count of a context alone, named in its error
+            ("n_ctx of 0", lambda: retro.Context(model, n_ctx=0), ValueError, "n_ctx"),
+            ("n_batch of 0", lambda: retro.Context(model, n_batch=0), ValueError, "n_batch"),
+            ("n_batch past INT32", lambda: retro.Context(model, n_batch=INT32_MAX + 1), OverflowError, "n_batch"),
+            ("n_ubatch of 0", lambda: retro.Context(model, n_ubatch=0), ValueError, "n_ubatch"),
+            ("no sequence", lambda: retro.Context(model, sequences=0), ValueError, "sequences"),
+            ("n_threads of 0", lambda: retro.Context(model, n_threads=0), ValueError, "n_threads"),
             ("n_ctx as a float", lambda: retro.Context(model, n_ctx=support.hostile(256.0)), TypeError, "n_ctx"),
             ("n_ctx as a bool", lambda: retro.Context(model, n_ctx=True), TypeError, "n_ctx"),
             (
