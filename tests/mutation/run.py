@@ -293,6 +293,17 @@ def lost(baseline: Certification, mutant: Certification, clauses: list[str] | No
     )
 
 
+def changed(baseline: Certification, mutant: Certification, clauses: list[str] | None = None) -> list[str]:
+    """The verdicts (of `clauses` only, for a run of some of them) that differ between two runs
+    made alike: an intact run reads "not covered" where a certification with its seeded defects
+    would read pass, and a mutant's intact run must read the same."""
+    return sorted(
+        k
+        for k, v in baseline.verdicts.items()
+        if mutant.verdicts.get(k) != v and (clauses is None or k.split(" on ")[0] in clauses)
+    )
+
+
 def clauses_of(verdicts: list[str]) -> list[str]:
     """The clauses of "CLAUSE on backend" verdicts."""
     return sorted({k.split(" on ")[0] for k in verdicts})
@@ -784,10 +795,10 @@ class Judge:
 
     def differs(self, intact: Certification, clauses: list[str] | None = None) -> list[str]:
         """The clauses an intact run of a mutant reads otherwise than the unmutated build's: a
-        failed check, or a pass that became anything else (a backend that reads "not available",
-        a check that reads "not supported"): a certification that no longer certifies what it did."""
+        failed check, or any other verdict changed (a backend that reads "not available", a check
+        that reads "not supported"): a certification that no longer reads as it did."""
         before = self._intact_baseline
-        return sorted({*intact.failed, *clauses_of(lost(before, intact, clauses) if before else [])})
+        return sorted({*intact.failed, *clauses_of(changed(before, intact, clauses) if before else [])})
 
     def defect_baseline(self) -> Certification:
         if self._defect_baseline is None:
@@ -852,9 +863,9 @@ class Judge:
             again = self.rerun(differs)
             if self.differs(again, None if "(no results)" in differs else differs):
                 m.outcome = "killed"
-                first = (
-                    again.first_failure or intact.first_failure or "; ".join(lost(self._intact_baseline, intact)[:4])
-                )
+                base = self._intact_baseline
+                moved = [f"{k}: {intact.verdicts.get(k)}" for k in (changed(base, intact) if base else [])[:4]]
+                first = again.first_failure or intact.first_failure or "; ".join(moved)
                 m.detail = f"failed, twice: {', '.join(differs)} ({first})"
                 return True
             chance.append(", ".join(differs))
