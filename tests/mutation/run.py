@@ -9,12 +9,13 @@ whole certification, and report the mutants it let through.
     python tests/mutation/run.py --pinned tests/mutation/pinned.toml --no-defect-proof   # what CI runs
 
 A mutant is judged by the whole certification (every clause, cpu and rpc). It is *killed* when its
-intact run reads otherwise than the unmutated build's (a check fails, crashes or hangs, or a clause
-that certified reads anything but pass: a backend gone reads "not available"), and reads so again
-when those clauses are run once more (a check on a loaded machine can fail by chance); a *weak
-kill* when the intact runs all read as the unmutated build's and only a seeded-defect run tells
-(a defect the baseline catches escapes, or a defect run crashes): counted apart, not as a kill; it
-*survives* when the whole certification reads as on the unmutated build. A mutant that does not compile is invalid and not counted; the sample is drawn
+intact run reads otherwise than the unmutated build's intact run (a check fails, crashes or hangs,
+or any verdict differs: a backend gone reads "not available"), and reads so again when those
+clauses are run once more (a check on a loaded machine can fail by chance); a *weak kill* when the
+intact runs all read as the unmutated build's and only a seeded-defect run tells (a defect the
+baseline catches escapes, or a defect run crashes): counted apart, not as a kill; it *survives*
+when the whole certification reads as on the unmutated build. A mutant that does not compile is
+invalid and not counted; the sample is drawn
 from the seeded shuffle until --sample mutants have been judged. Known-equivalent mutants
 (tests/mutation/equivalent.toml, each with its reason) are reported apart and not counted. The
 seeded-defect switches, and the branches only they open, are never mutated: they are off in a
@@ -283,14 +284,9 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: st
     return Certification(run.returncode, failed, verdicts, head)
 
 
-def lost(baseline: Certification, mutant: Certification, clauses: list[str] | None = None) -> list[str]:
-    """What the baseline's certification passed and the mutant's does not (of `clauses` only, for
-    a run of some of them)."""
-    return sorted(
-        k
-        for k, v in baseline.verdicts.items()
-        if v == "pass" and mutant.verdicts.get(k) != "pass" and (clauses is None or k.split(" on ")[0] in clauses)
-    )
+def lost(baseline: Certification, mutant: Certification) -> list[str]:
+    """What the baseline's certification passed and the mutant's does not."""
+    return sorted(k for k, v in baseline.verdicts.items() if v == "pass" and mutant.verdicts.get(k) != "pass")
 
 
 def changed(baseline: Certification, mutant: Certification, clauses: list[str] | None = None) -> list[str]:
