@@ -105,7 +105,8 @@ def test_a_pinned_mutant_lands_on_the_line_that_reads_as_its_original(tmp_path, 
 
 def test_equivalence_rules_tell_an_annotation_and_a_line_by_the_one_above(tmp_path):
     """An annotation-only change is equivalent only where annotations are never evaluated; an entry
-    with `preceded_by` holds for its own line, not for an equal line elsewhere."""
+    with `preceded_by` holds for its own line, not for an equal line elsewhere; one with `originals`
+    for each line it lists."""
     run = _runner()
     known = run.equivalents()
 
@@ -127,6 +128,13 @@ def test_equivalence_rules_tell_an_annotation_and_a_line_by_the_one_above(tmp_pa
     in_alloc = ["    GGML_ASSERT(!opt_ctx->eval_ready);\n", *body]
     assert run.known_equivalent(mutant(in_eval, 2, "if (0==1) {", fork), known)
     assert not run.known_equivalent(mutant(in_alloc, 2, "if (0==1) {", fork), known)
+
+    # an entry naming a block by its lines holds for each of them, and for no other line
+    snapshot = ["    void restore() const {\n", "        for (const auto & [t, bytes] : saved_) {\n", "    }\n"]
+    assert run.known_equivalent(
+        mutant(snapshot, 2, "for (const auto & [t, bytes] : {}) {", "native/core/epoch.cpp"), known
+    )
+    assert not run.known_equivalent(mutant(snapshot, 3, "}}", "native/core/epoch.cpp"), known)
 
 
 def test_a_function_no_clause_governs_is_not_drawn_from():

@@ -317,8 +317,10 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
     """A generation (one decode per token) and a speculative generation (a draft model proposes,
     the target checks in one decode) make their decodes inside one call: each of the target's
     decodes is bracketed, so every position the target's KV cache holds was captured by a
-    committed decode, and there are as many committed decodes as llama_decode calls. The plain
-    generation starts from text, as a user's does: its prompt is the model's tokenization."""
+    committed decode, and there are as many committed decodes as llama_decode calls, holding every
+    drafted token. The drafting decodes, made inside the draft context, are bracketed by the
+    draft's own transactions. The plain generation starts from text, as a user's does: its prompt
+    is the model's tokenization."""
     model, profile = loaded
     sel = [profile.select("attn_norm-0", retain=True)]
     with tx_context(model, profile, sel) as ctx:
@@ -329,15 +331,39 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
         positions = sorted(p for ps in covered.values() for p in ps)
         expect("TX-OWN-05", positions == list(range(held)), f"captured positions {positions}, cache holds {held}")
     draft_path = support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE)
-    with support.load(backend, draft_path, trainable=False) as draft_model, plain_context(draft_model) as draft:
+    with (
+        support.load(backend, draft_path, trainable=False) as draft_model,
+        tx_context(draft_model, profile, sel) as draft,
+    ):
         with tx_context(model, profile, sel) as ctx:
-            g = ctx.generate(TOKENS[:3], 12, stop_at_eog=False, draft=draft, n_draft=3)
+            prompt = TOKENS[:3]
+            g = ctx.generate(prompt, 12, stop_at_eog=False, draft=draft, n_draft=3)
             covered = committed_positions(ctx.drain_captures(), "attn_norm-0")
+            drafting = committed_positions(draft.drain_captures(), "attn_norm-0")
             expect("TX-OWN-05", 0 < g.accepted < g.drafted, f"{g.accepted} of {g.drafted} drafted tokens kept")
             expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")
             seen = {p for ps in covered.values() for p in ps}
             missing = sorted(set(range(ctx.sequence_length)) - seen)
             expect("TX-OWN-05", not missing, f"positions decoded outside a transaction: {missing}")
+            # after the prompt's decode, each of the target's decodes checks the last kept token and
+            # the draft's proposal after it: the rows the transactions saw hold every drafted token
+            rows = sum(len(ps) for ps in covered.values())
+            expect(
+                "TX-OWN-05",
+                rows == len(prompt) + (g.decodes - 1) + g.drafted,
+                f"the target's {g.decodes} decodes (the first of a {len(prompt)}-token prompt) computed {rows} rows "
+                f"for {g.drafted} drafted tokens",
+            )
+            # the drafting itself: the draft decodes the prompt, then once for each token it proposes
+            # (greedy drafting is autoregressive), each decode inside the draft's own transactions
+            expect(
+                "TX-OWN-05",
+                len(drafting) == 1 + g.drafted,
+                f"{len(drafting)} committed decodes of the draft context for {g.drafted} drafted tokens",
+            )
+            seen = {p for ps in drafting.values() for p in ps}
+            missing = sorted(set(range(draft.sequence_length)) - seen)
+            expect("TX-OWN-05", not missing, f"draft positions decoded outside a transaction: {missing}")
         with plain_context(model) as plain:
             expect(
                 "TX-OWN-05",

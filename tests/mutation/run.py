@@ -491,9 +491,11 @@ def known_equivalent(m: Mutant, known: list[dict]) -> str | None:
 
 
 def _names(e: dict, m: Mutant) -> bool:
-    """Whether an entry names the mutant: file, original and (if given) mutated line, and the line
-    above it where the entry says which (two equal lines of one file told apart)."""
-    same = e.get("file") == m.file and e.get("original") == m.original and e.get("mutated", m.mutated) == m.mutated
+    """Whether an entry names the mutant: file, original (or one of `originals`: a block whose every
+    line holds for one reason) and (if given) mutated line, and the line above it where the entry
+    says which (two equal lines of one file told apart)."""
+    originals = e.get("originals", [e.get("original")])
+    same = e.get("file") == m.file and m.original in originals and e.get("mutated", m.mutated) == m.mutated
     return same and ("preceded_by" not in e or _line_before(m) == e["preceded_by"])
 
 
