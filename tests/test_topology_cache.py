@@ -186,3 +186,28 @@ def test_a_bad_topology_cache_mode_is_refused_before_anything_native(model_path,
             retro.Trainer(c, topology_cache=mode)
         with retro.Trainer(c) as tr:  # nothing was left behind
             assert not tr.topology_cache.enabled
+
+
+def test_upstreams_loop_on_a_cached_trainer_drops_the_entry_and_trains_as_without_it(model_path):
+    """llama_opt_epoch builds and frees graphs of its own: on a trainer with the cache on it ran
+    them through the cache's scheduler clone and aborted on an input without a buffer. Now it drops
+    the entry (a layout invalidation) and every parameter ends as with the cache off."""
+    from retro.testing import upstream_epoch
+
+    params = []
+    for cache in (False, "forced"):
+        with (
+            retro.Model.load(model_path, devices=[], trainable=True) as m,
+            retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=64) as c,
+            retro.Trainer(c, optimizer=retro.SGD(lr=0.01), topology_cache=cache) as tr,
+        ):
+            tr.epoch(dataset(1, seed=1))
+            upstream_epoch(tr, dataset(1, seed=2))
+            tr.epoch(dataset(1, seed=3))
+            if cache:
+                s = tr.topology_cache
+                assert (s.invalidations_by["layout"], s.misses_by["empty"], s.has_entry) == (1, 2, True), s
+            params.append({name: np.array(a) for name, a in m.parameters().items()})
+    assert params[0].keys() == params[1].keys()
+    for name in params[0]:
+        np.testing.assert_array_equal(params[1][name], params[0][name], err_msg=name)

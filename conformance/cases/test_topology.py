@@ -27,7 +27,7 @@ import retro
 import retro.fault_injection as fi
 from retro.conformance import gate, registry, results, support
 from retro.conformance.evidence import bound, expect, measure
-from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk
+from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk, upstream_epoch
 
 WIDTH = 256
 
@@ -252,7 +252,8 @@ def test_a_change_of_each_key_part_misses_the_cache(backend, model_path, seed):
 
 def _faults_between_epochs(n_vocab: int, seed: int):
     """Epochs with an event before each: a decode (generation, scoring), a preflight, a checkpoint
-    restore (the optimizer state made again), and a step failing at each before-compute site a
+    restore (the optimizer state made again), an epoch of upstream's own loop (graphs of its own
+    laid out on the scheduler), and a step failing at each before-compute site a
     step that runs the entry reaches (a hit builds and allocates nothing, so the build, metadata
     and allocation sites are reached only by a miss, which has dropped the entry already)."""
     data = _data(n_vocab, seed, windows=2)
@@ -265,19 +266,21 @@ def _faults_between_epochs(n_vocab: int, seed: int):
             ctx.decode(data.tokens[0, :16])
             ctx.reset()
 
-        events: list[tuple[str, Callable[[], object]]] = [
-            ("decode", decode),
-            ("preflight", lambda: tr.preflight(data)),
-            ("layout", lambda: tr.restore(tr.checkpoint())),
+        # (what happens, the reason the fork counts it under, the event)
+        events: list[tuple[str, str, Callable[[], object]]] = [
+            ("decode", "decode", decode),
+            ("preflight", "preflight", lambda: tr.preflight(data)),
+            ("restore", "layout", lambda: tr.restore(tr.checkpoint())),
+            ("upstream's loop", "layout", lambda: upstream_epoch(tr, data)),
         ]
         for site in sites:
-            events.append(("error", functools.partial(_fail_once, tr, data, site)))
-        for name, event in events:
+            events.append((f"a step failing at {site}", "error", functools.partial(_fail_once, tr, data, site)))
+        for what, reason, event in events:
             before = tr.topology_cache
             event()
             after = tr.topology_cache
-            counted = after.invalidations_by[name] - before.invalidations_by[name]
-            run.seen.append((name, before.has_entry, after.has_entry, counted))
+            counted = after.invalidations_by[reason] - before.invalidations_by[reason]
+            run.seen.append((what, before.has_entry, after.has_entry, counted))
             run.metrics.append(tr.epoch(data, progress=run.observe))
 
     return steps
