@@ -48,17 +48,23 @@ inline std::atomic<bool> & exiting() {
 // The GIL released for native work, and counted (members are destroyed in reverse: the GIL is
 // taken back before the count drops). Every release in the binding is one of these. The flag is
 // read with the GIL held, as exit sets it: a call either counts before the wait or keeps the GIL.
+// The thread state is held as CPython's own pointer, not as an optional gil_scoped_release: g++ 13
+// cannot see that an optional's payload is set whenever it is destroyed (-Wmaybe-uninitialized in
+// every function that makes one), and the release is exactly pybind11's without disassociation.
 class WithoutGil {
 public:
-    WithoutGil() {
-        if (!exiting().load()) {
-            release_.emplace();
+    WithoutGil() : saved_(exiting().load() ? nullptr : PyEval_SaveThread()) {}
+    ~WithoutGil() {
+        if (saved_ != nullptr) {
+            PyEval_RestoreThread(saved_);  // before in_flight_ drops: the body runs before members die
         }
     }
+    WithoutGil(const WithoutGil &)             = delete;
+    WithoutGil & operator=(const WithoutGil &) = delete;
 
 private:
     InFlight in_flight_;
-    std::optional<pybind11::gil_scoped_release> release_;
+    PyThreadState * saved_;
 };
 
 // The context's call guard (native/core/call_guard.h), waited for without the GIL: the call it
