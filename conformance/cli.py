@@ -215,7 +215,7 @@ def run_backend(
         results.case_record(
             nodeid=f"{name}{tag}::restart-budget",
             id="restart budget",
-            clauses=registry.select(args.clauses.split(",") if args.clauses else None),
+            clauses=registry.select([p.strip() for p in args.clauses.split(",")] if args.clauses else None),
             backend=name,
             defect=None,
             outcome="crash",
@@ -238,6 +238,7 @@ def run_info(args: argparse.Namespace) -> dict:
         "patch_series_sha256": info["patch_series_sha256"],
         "patches": info["patches"],
         "built_backends": info["backends"],
+        "build_config": info.get("config", {}),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "host": platform.node(),
@@ -256,6 +257,14 @@ def _partial(args: argparse.Namespace) -> str:
 
 
 def certify(args: argparse.Namespace) -> int:
+    from retro._native import hooks
+
+    if not hooks.seeded_defects and not args.no_defects:
+        # a check is trusted only once its seeded defect has made it fail: without them none can pass
+        raise ValueError(
+            "this build has no seeded-defect switches (built with RETRO_SEEDED_DEFECTS=OFF, a release "
+            "build): certification needs them to prove each check can fail; certify a default build"
+        )
     requested = backends_mod.parse_selection(args.backend)
     prefixes = [p.strip() for p in args.clauses.split(",")] if args.clauses else None
     clause_ids = registry.select(prefixes)

@@ -15,8 +15,12 @@ INT64_MAX = 2**63 - 1
 
 
 def seeded(defect: str) -> bool:
-    """True while the conformance suite has switched on this seeded defect (retro-defects.def)."""
-    return bool(_native.hooks.defect_on(defect))
+    """True while the conformance suite has switched on this seeded defect (retro-defects.def);
+    always False in a release build (RETRO_SEEDED_DEFECTS=OFF), which has no switches."""
+    return _SWITCHES and bool(_native.hooks.defect_on(defect))
+
+
+_SWITCHES: bool = bool(_native.hooks.seeded_defects)
 
 
 def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:

@@ -245,6 +245,7 @@ class Trainer:
     def set_iteration(self, iteration: int) -> None: ...
 
 class hooks:
+    seeded_defects: bool
     @staticmethod
     def sites() -> list[str]: ...
     @staticmethod

@@ -87,10 +87,11 @@ class TokenDataset(_Windows):
         return cls(np.ascontiguousarray(stream[starts]), np.ascontiguousarray(stream[starts + 1]))
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "labels"):
-            if not isinstance(getattr(self, name), np.ndarray):
-                raise TypeError(f"{name} must be a numpy array, not {type(getattr(self, name)).__name__}")
-        if self.tokens.shape != self.labels.shape or self.tokens.ndim != 2:
+        # the same borrowing rule as every other kind: an int64 array is refused here, by name,
+        # not by the binding's generic conversion error at the first epoch
+        _borrowable("tokens", self.tokens, np.int32, 2)
+        _borrowable("labels", self.labels, np.int32, 2)
+        if self.tokens.shape != self.labels.shape:
             raise ValueError("tokens and labels must be 2-D arrays of one shape")
 
     def _epoch_data(self) -> _native.EpochData:

@@ -52,7 +52,8 @@ def bad_epochs(draw: st.DrawFn, n_vocab: int) -> dict:
         kwargs["val_fraction"] = draw(st.sampled_from([1.0, -0.25, float("nan"), float("inf"), 2]))
     else:
         tokens = tokens.astype(np.float32)
-    return {"dataset": retro.TokenDataset(tokens, labels), **kwargs}
+    # the dataset is made inside the call under test: a wrong dtype is refused when it is made
+    return {"dataset": lambda: retro.TokenDataset(tokens, labels), **kwargs}
 
 
 def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[], object], type, str]]:
@@ -86,6 +87,9 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
         ),
         ("tokens as a list", lambda: Token(support.hostile(t.tolist()), t), TypeError, "numpy array"),
         ("labels of another shape", lambda: Token(t, t[:, :128].copy()), ValueError, "one shape"),
+        ("int64 tokens", lambda: Token(t.astype(np.int64), t), TypeError, "tokens must be int32"),
+        ("int64 labels", lambda: Token(t, t.astype(np.int64)), TypeError, "labels must be int32"),
+        ("strided labels", lambda: Token(t, np.zeros((1, 512), np.int32)[:, ::2]), ValueError, "C-contiguous"),
         # weighted windows: the caller's arrays, borrowed as they are
         ("float64 weights", lambda: Weighted(t, t, w.astype(np.float64)), TypeError, "float32"),
         ("3-D labels", lambda: Weighted(t, t[..., None], w), ValueError, "labels must be 2-D"),
@@ -233,7 +237,7 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
         @given(call=bad_epochs(model.n_vocab))
         def check(call: dict) -> None:
             fi.reset()
-            err = raised(lambda: tr.epoch(**call))
+            err = raised(lambda: tr.epoch(call["dataset"](), **{k: v for k, v in call.items() if k != "dataset"}))
             expect(
                 "SHAPE-01", isinstance(err, TYPED), f"raised {err!r}, expected a ValueError, TypeError or OverflowError"
             )

@@ -51,13 +51,19 @@ RETRO_HOOKS_API void retro_fault_reset(void);
 RETRO_HOOKS_API int64_t retro_fault_hits(enum retro_site site);
 RETRO_HOOKS_API int64_t retro_fault_failures(enum retro_site site);
 
-// Names of the tables above (NULL past the end).
+// Names of the fault sites (NULL past the end).
 RETRO_HOOKS_API const char * retro_site_name(int site);
-RETRO_HOOKS_API const char * retro_defect_clause(int defect);
 
-// Seeded defects: true while the defect is switched on.
+#ifdef RETRO_WITHOUT_SEEDED_DEFECTS
+// A release build (RETRO_SEEDED_DEFECTS=OFF): every seeded-defect switch is the constant false, so
+// the compiler drops the code each one guards, and the switches themselves are not built.
+#define retro_defect_on(defect) ((void) (defect), false)
+#else
+// The seeded defects' IDs (NULL past the end), and their switches: true while one is switched on.
+RETRO_HOOKS_API const char * retro_defect_clause(int defect);
 RETRO_HOOKS_API bool retro_defect_on(enum retro_defect defect);
 RETRO_HOOKS_API void retro_defect_set(enum retro_defect defect, bool on);
+#endif
 
 #ifdef __cplusplus
 }

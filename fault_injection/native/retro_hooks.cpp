@@ -22,18 +22,11 @@ struct site_state {
 std::mutex g_plan_mutex;
 std::atomic<bool> g_armed{false};
 site_state g_sites[RETRO_SITE_COUNT];
-std::atomic<bool> g_defects[RETRO_DEFECT_COUNT];
 std::atomic<bool> g_stalling{false};
 
 const char * const k_site_names[] = {
 #define X(id, name, status) name,
 #include "retro-sites.def"
-#undef X
-};
-
-const char * const k_defect_clauses[] = {
-#define X(id, clause) clause,
-#include "retro-defects.def"
 #undef X
 };
 
@@ -128,6 +121,19 @@ const char * retro_site_name(int site) {
     return valid_site(site) ? k_site_names[site] : nullptr;
 }
 
+#ifndef RETRO_WITHOUT_SEEDED_DEFECTS
+namespace {
+
+std::atomic<bool> g_defects[RETRO_DEFECT_COUNT];
+
+const char * const k_defect_clauses[] = {
+#define X(id, clause) clause,
+#include "retro-defects.def"
+#undef X
+};
+
+}  // namespace
+
 const char * retro_defect_clause(int defect) {
     return defect >= 0 && defect < RETRO_DEFECT_COUNT ? k_defect_clauses[defect] : nullptr;
 }
@@ -141,3 +147,4 @@ void retro_defect_set(enum retro_defect defect, bool on) {
         g_defects[defect].store(on, std::memory_order_relaxed);
     }
 }
+#endif

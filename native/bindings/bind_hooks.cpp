@@ -21,6 +21,22 @@ retro_site site_of(const std::string & name) {
     throw py::value_error("unknown fault site '" + name + "'");
 }
 
+#ifdef RETRO_WITHOUT_SEEDED_DEFECTS
+constexpr bool k_seeded_defects = false;
+
+const char * retro_defect_clause(int) {
+    return nullptr;
+}
+
+void retro_defect_set(retro_defect, bool) {}
+
+retro_defect defect_of(const std::string & clause) {
+    throw py::value_error("no seeded defect for clause '" + clause +
+                          "': this build has none (built with RETRO_SEEDED_DEFECTS=OFF)");
+}
+#else
+constexpr bool k_seeded_defects = true;
+
 retro_defect defect_of(const std::string & clause) {
     for (int i = 0; i < RETRO_DEFECT_COUNT; ++i) {
         if (clause == retro_defect_clause(i)) {
@@ -29,6 +45,7 @@ retro_defect defect_of(const std::string & clause) {
     }
     throw py::value_error("no seeded defect for clause '" + clause + "'");
 }
+#endif
 
 template <typename Name>
 std::vector<std::string> names(int count, Name name) {
@@ -44,7 +61,9 @@ std::vector<std::string> names(int count, Name name) {
 void bind_hooks(py::module_ & m) {
     auto hooks = m.def_submodule("hooks", "fault sites and seeded-defect switches compiled into the fork");
     hooks.def("sites", []() { return names(RETRO_SITE_COUNT, retro_site_name); });
-    hooks.def("defects", []() { return names(RETRO_DEFECT_COUNT, retro_defect_clause); });
+    // a release build has no switches: no defect to list, each named one refused
+    hooks.attr("seeded_defects") = k_seeded_defects;
+    hooks.def("defects", []() { return names(k_seeded_defects ? RETRO_DEFECT_COUNT : 0, retro_defect_clause); });
     hooks.def(
             "arm",
             [](const std::string & site, int64_t hit, bool persistent) {

@@ -6,6 +6,13 @@
 
 namespace retro {
 
+#ifdef RETRO_WITHOUT_SEEDED_DEFECTS
+// A release build: every switch is the constant false, and the code it guards is dropped.
+struct Defects {
+    static Defects current() { return {}; }
+    constexpr bool operator()(retro_defect) const { return false; }
+};
+#else
 struct Defects {
     bool on[RETRO_DEFECT_COUNT] = {};
 
@@ -18,5 +25,6 @@ struct Defects {
     }
     bool operator()(retro_defect which) const { return on[which]; }
 };
+#endif
 
 }  // namespace retro

@@ -1,0 +1,123 @@
+"""A release build (RETRO_SEEDED_DEFECTS=OFF) carries no seeded-defect switch and computes what the
+certifying build computes.
+
+The switches exist so that certification can prove each check fails on the defect it is for; a
+user's library has no use for them in its hot loop. Built without them, every switch is the
+constant false at compile time: no switch function, no switch table, no defect ID is left in the
+libraries, the certification refuses such a build (it could prove nothing), and a training run
+gives bitwise the parameters, logits and metrics of the default build. Its speed beside the
+default build's is measured by `python -m retro.bench`, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from site_view import site_view_env
+
+from conftest import REPO
+from retro._native import hooks
+
+# trains the tiny model on the dense and the fused head with accumulation and evaluation, decodes,
+# and prints a digest of what came out: run the same in both builds
+WORKLOAD = r"""
+import hashlib, json, sys
+import numpy as np
+import retro
+from retro._native import hooks
+from retro.testing import TinyLlamaSpec, write_tiny_llama
+
+path = write_tiny_llama(sys.argv[1], TinyLlamaSpec(seed=3))
+digest = hashlib.sha256()
+stream = np.random.default_rng(7).integers(0, 512, size=6 * 128 + 1)
+data = retro.TokenDataset.from_tokens(stream, width=128)
+metrics = []
+for head in ("dense", "fused"):
+    with retro.Model.load(path, devices=[], trainable=True) as model:
+        with retro.Context(model, n_ctx=128, n_batch=128, n_ubatch=32) as ctx:
+            with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2, head=head) as tr:
+                for _ in range(2):
+                    m = tr.epoch(data, val_fraction=1 / 3)
+                    metrics.append([m.train_loss, m.eval_loss, m.optimizer_steps, m.train_accuracy])
+                for name, value in sorted(tr.parameters().items()):
+                    digest.update(name.encode())
+                    digest.update(np.ascontiguousarray(value).tobytes())
+            digest.update(np.ascontiguousarray(ctx.decode(list(range(1, 17)))).tobytes())
+digest.update(json.dumps(metrics).encode())
+print(json.dumps({"digest": digest.hexdigest(), "metrics": metrics, "seeded_defects": hooks.seeded_defects,
+                  "defects": len(hooks.defects()), "info": retro.build_info()["seeded_defects"]}))
+"""
+
+
+def _defect_ids() -> list[str]:
+    text = (REPO / "fault_injection" / "native" / "retro-defects.def").read_text()
+    return re.findall(r'^X\(\w+,\s*"([^"]+)"\)', text, flags=re.M)
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
+    target = tmp_path / "release"
+    build = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            f"-Cbuild-dir={REPO / 'build' / 'release'}",
+            "-Ccmake.define.RETRO_SEEDED_DEFECTS=OFF",
+            str(REPO),
+        ],
+        dict(os.environ),
+        tmp_path,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+
+    # no switch function, exported or called, and no defect ID in any library of the release build
+    libraries = sorted(p for p in (target / "retro").glob("*.so*") if p.is_file())
+    assert any(p.name.startswith("libggml-base") for p in libraries), libraries
+    ids = _defect_ids()
+    assert len(ids) == len(hooks.defects()) > 0
+    dotted = [i.encode() for i in ids if "." in i]  # IDs no other text of the library spells
+    for lib in libraries:
+        symbols = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True, check=True).stdout
+        assert "retro_defect_" not in symbols, f"{lib.name} still exports or calls a seeded-defect switch"
+        blob = lib.read_bytes()
+        left = [i.decode() for i in dotted if i in blob]
+        assert not left, f"{lib.name} still holds seeded-defect IDs: {left[:5]}"
+
+    # the same workload in the release build and in this (certifying) build, each in its own interpreter
+    threads = {"RETRO_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    release_env = dict(site_view_env(target, tmp_path / "site-view"), **threads)
+    release = _run([sys.executable, "-S", "-c", WORKLOAD, str(tmp_path / "r.gguf")], release_env, tmp_path)
+    assert release.returncode == 0, release.stderr[-3000:]
+    default = _run([sys.executable, "-c", WORKLOAD, str(tmp_path / "d.gguf")], dict(os.environ, **threads), tmp_path)
+    assert default.returncode == 0, default.stderr[-3000:]
+    got, want = json.loads(release.stdout), json.loads(default.stdout)
+    assert (got["seeded_defects"], got["defects"], got["info"]) == (False, 0, False)
+    assert (want["seeded_defects"], want["info"]) == (True, True) and want["defects"] == len(ids)
+    assert got["metrics"] == want["metrics"]
+    assert got["digest"] == want["digest"], "the release build trained other parameters or logits"
+    assert (tmp_path / "r.gguf").read_bytes() == (tmp_path / "d.gguf").read_bytes(), "the two runs began apart"
+
+    # certification refuses the release build, and says why, before it runs anything
+    refused = _run(
+        [sys.executable, "-S", "-m", "retro.conformance.cli", "certify", "--out", str(tmp_path / "out")],
+        release_env,
+        tmp_path,
+    )
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "RETRO_SEEDED_DEFECTS=OFF" in refused.stderr
+    assert not (tmp_path / "out").exists()
