@@ -62,6 +62,7 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
     ctx = tr.context
     t = np.zeros((1, 256), np.int32)
     w = np.ones((1, 256), np.float32)
+    t2, w2 = np.zeros((2, 256), np.int32), np.ones((2, 256), np.float32)
     ids, kw = np.zeros((1, 256, 2), np.int32), np.ones((1, 256, 2), np.float32)
     docs = np.repeat(np.arange(4, dtype=np.int32), 64)[None]
     stream = np.zeros(300, np.int64)
@@ -90,6 +91,10 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
         ("int64 tokens", lambda: Token(t.astype(np.int64), t), TypeError, "tokens must be int32"),
         ("int64 labels", lambda: Token(t, t.astype(np.int64)), TypeError, "labels must be int32"),
         ("strided labels", lambda: Token(t, np.zeros((1, 512), np.int32)[:, ::2]), ValueError, "C-contiguous"),
+        # Fortran order: contiguous, yet the binding would read a converted copy (two rows: a single
+        # row is C- and Fortran-contiguous at once)
+        ("Fortran-ordered labels", lambda: Token(t2, np.asfortranarray(t2)), ValueError, "C-contiguous"),
+        ("Fortran-ordered weights", lambda: Weighted(t2, t2, np.asfortranarray(w2)), ValueError, "C-contiguous"),
         # weighted windows: the caller's arrays, borrowed as they are
         ("float64 weights", lambda: Weighted(t, t, w.astype(np.float64)), TypeError, "float32"),
         ("3-D labels", lambda: Weighted(t, t[..., None], w), ValueError, "labels must be 2-D"),
