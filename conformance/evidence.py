@@ -113,6 +113,6 @@ def against_oracle(clause: str, observation: str, actual: np.ndarray, expected: 
 
 def measure(name: str, **figures: float | str) -> None:
     """Record a measurement beside the case's assertions: it goes into results.json with the case
-    (a gate reads it there, conformance/gate.py). Outside a conformance case it is dropped."""
+    (a gate reads it there, retro/_gate.py). Outside a conformance case it is dropped."""
     if _ledger is not None:
         _ledger.measurements.append({"name": name, **figures})

@@ -108,8 +108,9 @@ def clauses() -> dict[str, Clause]:
 
 
 def spec_ids() -> list[str]:
-    """The clause IDs shared/CONTRACTS.md names (clauses/contracts.ids, the spec's list as data)."""
-    text = resources.files(__package__).joinpath("clauses", "contracts.ids").read_text(encoding="utf-8")
+    """The clause IDs shared/CONTRACTS.md names (retro/contracts.ids, the spec's list as data: the
+    library carries it, since its topology gate requires clauses of it by ID)."""
+    text = resources.files("retro").joinpath("contracts.ids").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 

@@ -4,7 +4,6 @@ the backends and the case records, so shards from several machines merge by re-a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tomllib
 import xml.etree.ElementTree as ET
@@ -12,9 +11,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from retro import _gate
+from retro._gate import digest as digest  # the package's integrity: the trainer's gate checks it too
+from retro._gate import verify as verify
+
 from . import gate, html, registry
 
-SCHEMA = 2
+SCHEMA = _gate.SCHEMA
 #: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
 CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available", "caught", "survived")
 #: statuses of a clause on a backend; only "pass" counts towards "certified"
@@ -262,19 +265,6 @@ def comparable(results: dict) -> dict:
     for g in out.get("gates", {}).values():
         g["evidence"] = [e for e in g["evidence"] if " µs" not in e and "%" not in e]
     return out
-
-
-def digest(results: dict) -> str:
-    """sha256 of the canonical JSON of everything but the digest itself."""
-    body = {k: v for k, v in results.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def verify(results: dict) -> None:
-    if results.get("schema") != SCHEMA:
-        raise ValueError(f"unsupported results schema {results.get('schema')!r}")
-    if results.get("digest") != digest(results):
-        raise ValueError("results digest mismatch: the file was changed after it was written")
 
 
 def merge(parts: list[dict]) -> dict:

@@ -26,15 +26,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from . import _checks, _native
+from ._failure import TransactionFailure
+from ._selector import _ACCESS, _DTYPES, _ROWS, _SELECTOR_TOKEN, Access, DType, RowKind, Selector
 from .model import Model
-
-if TYPE_CHECKING:
-    from .unsafe import TensorCapture
+from .unsafe import TensorCapture
 
 __all__ = [
     "Capture",
@@ -48,13 +47,6 @@ __all__ = [
     "TransactionFailure",
 ]
 
-Access = Literal["read-only", "mutable-f32"]
-DType = Literal["f32", "i32"]
-RowKind = Literal["tokens", "outputs"]
-
-_DTYPES = {"f32": 0, "i32": 1}
-_ACCESS = {"read-only": 0, "mutable-f32": 1}
-_ROWS = {"tokens": 0, "outputs": 1}
 
 MAX_SELECTORS = 64
 MAX_NAME_LENGTH = 63  # GGML_MAX_NAME - 1
@@ -248,41 +240,6 @@ def model_backend(model: Model) -> tuple[str, ...]:
     return tuple(sorted(set(model.tensor_devices().values())))
 
 
-_SELECTOR_TOKEN = object()
-
-
-@dataclass(frozen=True)
-class Selector:
-    """One node to read or edit, bound to the profile it was made from (:meth:`Profile.select`)."""
-
-    name: str
-    dtype: DType
-    row_elements: int
-    max_rows: int  # inclusive
-    access: Access
-    retain: bool
-    rows: RowKind
-    profile: Profile = field(repr=False, compare=False)
-    _token: object = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self._token is not _SELECTOR_TOKEN:
-            raise TypeError("make selectors with Profile.select(): a selector is bound to a validated profile")
-
-    def _spec(self, borrowed: int = 0, capacity: int = 0) -> tuple[object, ...]:
-        return (
-            self.name,
-            _DTYPES[self.dtype],
-            self.row_elements,
-            self.max_rows,
-            _ACCESS[self.access],
-            self.retain,
-            _ROWS[self.rows],
-            borrowed,
-            capacity,
-        )
-
-
 @dataclass(slots=True)
 class Transaction:
     """What a handler gets: one selected node of one micro-batch. `data` is a copy the handler
@@ -311,17 +268,6 @@ class Capture:
 
 
 @dataclass(frozen=True)
-class TransactionFailure:
-    """The contained failure of a tensor transaction (text only: no exception object is kept)."""
-
-    kind: str  # "handler", "layout", "coverage", "non-finite", "unsubmitted"
-    node: str
-    type: str  # the handler's exception type, qualified
-    message: str  # bounded
-    traceback: str  # bounded
-
-
-@dataclass(frozen=True)
 class Generation:
     tokens: list[int]
     decodes: int  # decodes of the target context
@@ -345,8 +291,6 @@ class TensorTransactions:
         retained_limit: int = DEFAULT_RETAINED_LIMIT,
         captures: Iterable[TensorCapture] = (),
     ) -> None:
-        from .unsafe import TensorCapture  # at run time: retro.unsafe imports this module
-
         if not isinstance(profile, Profile):
             raise TypeError("profile must be a retro.transactions.Profile")
         chosen = list(selectors)

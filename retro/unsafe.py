@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks
-from .transactions import Selector
+from ._selector import Selector
 
 __all__ = ["TensorCapture"]
 

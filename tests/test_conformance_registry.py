@@ -15,7 +15,7 @@ SCHEMA = Path(registry.__file__).parent / "results.schema.json"
 
 
 def test_registry_holds_every_clause_of_the_contracts_and_no_other():
-    """Against the spec's clause list kept as data (conformance/clauses/contracts.ids): on any
+    """Against the spec's clause list kept as data (retro/contracts.ids): on any
     checkout, with or without shared/ beside it."""
     assert set(registry.clauses()) == set(registry.spec_ids())
     assert len(registry.spec_ids()) == len(set(registry.spec_ids()))
