@@ -215,7 +215,7 @@ def run_backend(
         results.case_record(
             nodeid=f"{name}{tag}::restart-budget",
             id="restart budget",
-            clauses=registry.select([p.strip() for p in args.clauses.split(",")] if args.clauses else None),
+            clauses=registry.select(registry.prefixes(args.clauses)),
             backend=name,
             defect=None,
             outcome="crash",
@@ -266,7 +266,7 @@ def certify(args: argparse.Namespace) -> int:
             "build): certification needs them to prove each check can fail; certify a default build"
         )
     requested = backends_mod.parse_selection(args.backend)
-    prefixes = [p.strip() for p in args.clauses.split(",")] if args.clauses else None
+    prefixes = registry.prefixes(args.clauses)
     clause_ids = registry.select(prefixes)
     if not clause_ids:
         raise ValueError(f"no clause matches {args.clauses!r}")

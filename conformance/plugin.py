@@ -129,7 +129,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    prefixes = [p.strip() for p in (config.getoption("--clauses") or "").split(",") if p.strip()]
+    prefixes = registry.prefixes(config.getoption("--clauses")) or []
     if prefixes:
         wanted = set(registry.select(prefixes))
         keep = [i for i in items if (m := i.get_closest_marker("clause")) is None or wanted & set(m.args)]

@@ -143,6 +143,11 @@ def check_switches(compiled: list[str]) -> None:
         )
 
 
+def prefixes(text: str | None) -> list[str] | None:
+    """A --clauses selection as select() takes it: the comma-separated entries, stripped (None: all)."""
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
 def seeded(defect: str) -> bool:
     """The harness's way to the one door to a seeded-defect switch (retro._checks.seeded). A
     switch can be on only in a process that loaded the binding, so a process that merely merges

@@ -63,8 +63,13 @@ def test_selection_by_prefix():
     assert registry.select(["BASE"]) == ["BASE-01", "BASE-02", "BASE-03"]
     assert registry.select(["FAIL-04"]) == ["FAIL-04"]
     assert registry.select(["FAIL-04a", "FAIL-04b"]) == ["FAIL-04a", "FAIL-04b"]
-    assert len(registry.select(["FAIL"])) == 14 and len(registry.select(["TX-"])) == 29
+    # a prefix selects exactly the registry's IDs that begin with it, in registry order
+    everything = list(registry.clauses())
+    for prefix in ("FAIL", "TX-", "TX-ACC", "HARNESS"):
+        assert registry.select([prefix]) == [c for c in everything if c.startswith(prefix)]
     assert registry.select(None) == list(registry.clauses())
+    # what --clauses gives, as a person types it
+    assert registry.prefixes(" CANCEL-01, BASE ,") == ["CANCEL-01", "BASE"] and registry.prefixes("") is None
     assert registry.unknown_ids(["BASE-01", "NOPE-01"]) == ["NOPE-01"]
 
 

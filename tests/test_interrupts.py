@@ -18,6 +18,10 @@ import json, os, signal, sys, threading, time
 import numpy as np
 import retro
 
+# Ctrl-C's handler, set here: a child of a runner that ignores SIGINT (any job a non-interactive
+# shell starts in the background) inherits the ignoring, and Python then installs no handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 model = retro.Model.load(sys.argv[1], devices=[], trainable=True)
 stream = np.random.default_rng(0).integers(0, model.n_vocab, size=64 * 400 + 1)
 ds = retro.TokenDataset.from_tokens(stream, width=64)  # one micro-batch per window
@@ -82,6 +86,8 @@ def test_ctrl_c_cancels_at_the_next_micro_batch(model_path, with_progress, accum
 GENERATE = """
 import json, os, signal, sys, threading, time
 import retro
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as CHILD: the runner may ignore SIGINT
 
 model = retro.Model.load(sys.argv[1], devices=[])
 with retro.Context(model, n_ctx=4096, n_threads=1) as ctx:

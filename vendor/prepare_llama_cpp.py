@@ -195,8 +195,15 @@ def sync_tree(src: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dest", type=Path, required=True, help="folder for the prepared tree")
-    ap.add_argument("--patches", type=Path, required=True, help="folder with NNNN-*.patch")
+    ap.add_argument("--dest", type=Path, help="folder for the prepared tree")
+    ap.add_argument("--patches", type=Path, help="folder with NNNN-*.patch")
+    ap.add_argument(
+        "--export-upstream",
+        type=Path,
+        default=None,
+        help="only write the pinned upstream tree, unpatched and pruned to --backends, here (for a machine with "
+        "no network: RETRO_LLAMA_CPP_DIR there)",
+    )
     ap.add_argument(
         "--backends", default="cpu", help="comma-separated backends the build compiles: cpu,rpc,cuda,vulkan"
     )
@@ -212,6 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [b for b in backends if b not in BACKEND_DIRS]
     if unknown:
         raise PrepareError(f"unknown backend(s) {unknown}; known: {sorted(BACKEND_DIRS)}")
+    if args.export_upstream:
+        if args.export_upstream.exists():
+            raise PrepareError(f"{args.export_upstream} exists: export into a new folder")
+        extract_sdist(fetch_sdist(args.cache_dir or default_cache_dir()), args.export_upstream, backends)
+        print(f"retro: wrote the pinned llama.cpp tree ({', '.join(backends)}) to {args.export_upstream}", flush=True)
+        return 0
+    if args.dest is None or args.patches is None:
+        raise PrepareError("--dest and --patches are required (unless --export-upstream)")
     exclude = {e.strip() for e in args.exclude_patches.split(",") if e.strip()}
     patches = patch_series(args.patches.resolve(), exclude)
     source = f"local:{args.local_tree.resolve()}" if args.local_tree else f"sdist:{SDIST_SHA256}"
