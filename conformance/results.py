@@ -313,11 +313,13 @@ def write_all(results: dict, out: Path) -> None:
 
 #: how each result code of a case, and each status of a clause, reads on a JUnit dashboard; a
 #: seeded defect that survived is a failure of the check that let it through
+#: a case run's JUnit element, for an intact run of a check: a failure or a crash there fails its
+#: clause, so a certified run shows none. A seeded-defect run is never a failure or an error: whether
+#: its defect was caught somewhere is the clause's verdict (<backend>.clauses); the run itself is a
+#: plain test case carrying its result code (a property and a line of system-out).
 JUNIT_CASE = {
     "pass": None,
-    "caught": None,
     "fail": "failure",
-    "survived": "failure",
     "crash": "error",
     "not supported": "skipped",
     "not available": "skipped",
@@ -335,9 +337,11 @@ JUNIT_CLAUSE = {
 }
 
 
-def junit_case_element(outcome: str) -> str | None:
-    if outcome == "survived" and registry.seeded("HARNESS-06"):  # seeded defect: a surviving defect reads skipped
-        return "skipped"
+def junit_case_element(outcome: str, defect: str | None) -> str | None:
+    if defect is not None:
+        if outcome == "survived" and registry.seeded("HARNESS-06"):  # seeded defect: a survival reads as a failure
+            return "failure"
+        return None
     return JUNIT_CASE[outcome]
 
 
@@ -350,7 +354,8 @@ def junit_clause_element(status: str, reason: str) -> str | None:
 def _junit_suite(
     root: ET.Element, name: str, rows: list[tuple[str, str, float, str, str, str | None]], props: dict[str, str]
 ) -> None:
-    """One testsuite: rows of (classname, name, seconds, result code, message, element)."""
+    """One testsuite: rows of (classname, name, seconds, result code, message, element). A row with
+    no element carries its result code as a property, and its message as system-out."""
     kinds = [r[5] for r in rows]
     suite = ET.SubElement(
         root,
@@ -370,11 +375,18 @@ def _junit_suite(
             ET.SubElement(tc, "skipped", message=f"{code}: {message[:500]}")
         elif element is not None:
             ET.SubElement(tc, element, message=f"{code}: {message[:500]}").text = message
+        else:
+            ET.SubElement(ET.SubElement(tc, "properties"), "property", name="result", value=code)
+            if message:
+                ET.SubElement(tc, "system-out").text = f"{code}: {message}"
 
 
 def write_junit(results: dict, path: Path) -> None:
-    """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit),
-    and `<backend>`, one per case run (each intact check and each seeded-defect run)."""
+    """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit: a
+    clause that does not pass is a failure, with the reason, or an error for a crash), and
+    `<backend>`, one per case run (each intact check and each seeded-defect run; only an intact
+    run's failure or crash is one there, and each such fails its clause too). A certified backend
+    shows no failure and no error in either suite."""
     root = ET.Element("testsuites", name="retro-conformance")
     for name, b in results["backends"].items():
         props = {"status": b["status"], "verdict": results["verdict"][name]}
@@ -383,9 +395,16 @@ def write_junit(results: dict, path: Path) -> None:
         clause_rows = []
         for cid, row in results["clauses"].items():
             reason = results["clause_details"][cid][name]
-            clause_rows.append(
-                (f"{name}.clauses", cid, 0.0, row[name], reason, junit_clause_element(row[name], reason))
-            )
+            element = junit_clause_element(row[name], reason)
+            if element in ("failure", "error"):
+                # what a person needs from the dashboard: each failing check and its assertion
+                reason += "".join(
+                    f"\n{c['id']}: {c['message']}"
+                    for c in results["cases"]
+                    if c["backend"] == name and c["defect"] is None and cid in c["clauses"]
+                    if c["outcome"] in ("fail", "crash")
+                )
+            clause_rows.append((f"{name}.clauses", cid, 0.0, row[name], reason, element))
         _junit_suite(root, f"{name}.clauses", clause_rows, props)
         case_rows = []
         for c in (c for c in results["cases"] if c["backend"] == name):
@@ -398,7 +417,7 @@ def write_junit(results: dict, path: Path) -> None:
                     c["duration_s"],
                     c["outcome"],
                     message,
-                    junit_case_element(c["outcome"]),
+                    junit_case_element(c["outcome"], c["defect"]),
                 )
             )
         _junit_suite(root, name, case_rows, props)

@@ -168,3 +168,40 @@ def test_outputs_are_well_formed(tmp_path):
     assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()))
     report = (tmp_path / "report.md").read_text()
     assert "| cpu | available | **not certified** |" in report and "### cpu: b (fail)" in report
+
+
+def _dashboard(path):
+    """What a JUnit consumer (junitparser, as CI systems' test reports read the file) counts per suite."""
+    from junitparser import Error, Failure, JUnitXml
+
+    counts = {}
+    for suite in JUnitXml.fromfile(str(path)):
+        failed = [tc.name for tc in suite if any(isinstance(r, (Failure, Error)) for r in (tc.result or []))]
+        counts[suite.name] = (suite.failures, suite.errors, sorted(failed))
+    return counts
+
+
+def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_path):
+    """Certified: every clause's defects caught somewhere, some of them surviving other cases (as in
+    any real run: a defect is written for one path) -> no failure and no error in any suite. One
+    defect escaping every check -> exactly its clause is red, with the defect named."""
+    cs = [*proven("a", "BASE-01"), *proven("b", "BASE-02")]
+    cs += [case("c", ["BASE-01", "BASE-02"], "pass")]
+    cs += [case("c", ["BASE-01", "BASE-02"], "caught", defect=d) for d in registry.defects_of("BASE-02")]
+    cs += [case("c", ["BASE-01", "BASE-02"], "survived", defect=d) for d in registry.defects_of("BASE-01")[1:]]
+    cs += [case("c", ["BASE-01", "BASE-02"], "caught", defect=registry.defects_of("BASE-01")[0])]
+    green = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, cs, ["BASE-01", "BASE-02"])
+    assert green["verdict"]["cpu"] == "certified"
+    results.write_all(green, tmp_path / "green")
+    counts = _dashboard(tmp_path / "green" / "junit.xml")
+    assert counts == {"cpu.clauses": (0, 0, []), "cpu": (0, 0, [])}, counts
+
+    escaped = registry.defects_of("BASE-02")[0]
+    red_cases = [c for c in cs if not (c["defect"] == escaped and c["outcome"] == "caught")]
+    red_cases += [case(n, ["BASE-02"], "survived", defect=escaped) for n in ("b", "c")]
+    red = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, red_cases, ["BASE-01", "BASE-02"])
+    results.write_all(red, tmp_path / "red")
+    counts = _dashboard(tmp_path / "red" / "junit.xml")
+    assert counts == {"cpu.clauses": (1, 0, ["BASE-02"]), "cpu": (0, 0, [])}, counts
+    message = ET.parse(tmp_path / "red" / "junit.xml").find(".//testcase[@name='BASE-02']/failure").get("message")
+    assert escaped in message
