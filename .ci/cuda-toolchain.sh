@@ -18,28 +18,36 @@ cuda_defines=("CMAKE_CUDA_ARCHITECTURES=$cuda_arch" "CMAKE_CUDA_COMPILER=$cuda_n
 if ! compgen -G "$cuda_toolkit/include/cublas_v2.h" >/dev/null &&
   ! compgen -G "$cuda_toolkit/targets/*/include/cublas_v2.h" >/dev/null; then
   # where a cuBLAS outside the toolkit lives: unpacked here before, a Python environment's
-  # nvidia-cublas, a system package; one of this toolkit's major version first
-  places=("$cuda_deps" $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [sys.prefix]))') /usr/local /opt /usr/include)
-  found=$(find "${places[@]}" -name cublas_v2.h -not -path '*/proc/*' 2>/dev/null || true)
-  cublas_h=$( (grep "/cu$cuda_major/" <<<"$found" || true; echo "$found") | grep . | head -n 1 || true)
+  # nvidia-cublas, another install under /usr/local or /opt; only one of this toolkit's major version
+  places=("$cuda_deps" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))') /usr/local /opt)
+  cublas_h=""
+  for header in $(find "${places[@]}" -name cublas_v2.h 2>/dev/null || true); do
+    if grep -qs "define CUBLAS_VER_MAJOR $cuda_major\b" "$(dirname "$header")/cublas_api.h"; then
+      cublas_h=$header
+      break
+    fi
+  done
   if [[ -z "$cublas_h" && "${CUDA_FETCH_CUBLAS:-0}" = 1 ]]; then
     mkdir -p "$cuda_deps/wheels"
     compgen -G "$cuda_deps/wheels/nvidia_cublas-$cuda_major.*.whl" >/dev/null ||
       python3 -m pip download -q --no-deps --only-binary=:all: -d "$cuda_deps/wheels" \
         "nvidia-cublas>=$cuda_major,<$((cuda_major + 1))"
-    python3 -m zipfile -e "$cuda_deps"/wheels/nvidia_cublas-*.whl "$cuda_deps"
+    python3 -m zipfile -e "$(ls "$cuda_deps"/wheels/nvidia_cublas-"$cuda_major".*.whl | head -n 1)" "$cuda_deps"
     cublas_h="$cuda_deps/nvidia/cu$cuda_major/include/cublas_v2.h"
   fi
   [[ -n "$cublas_h" && -f "$cublas_h" ]] || { echo "cuda-toolchain: no cuBLAS $cuda_major for this toolkit" >&2; exit 2; }
   cublas=$(dirname "$(dirname "$(readlink -f "$cublas_h")")")
-  cuda_defines+=("CUDA_cublas_LIBRARY=$(readlink -f "$(ls "$cublas"/lib*/libcublas.so.* | head -n 1)")"
-    "CUDA_cublasLt_LIBRARY=$(readlink -f "$(ls "$cublas"/lib*/libcublasLt.so.* | head -n 1)")"
+  lib=$(find "$cublas" -name 'libcublas.so.*' | head -n 1)
+  lib_lt=$(find "$cublas" -name 'libcublasLt.so.*' | head -n 1)
+  [[ -n "$lib" && -n "$lib_lt" ]] || { echo "cuda-toolchain: $cublas has cuBLAS's headers, not its libraries" >&2; exit 2; }
+  cuda_defines+=("CUDA_cublas_LIBRARY=$(readlink -f "$lib")" "CUDA_cublasLt_LIBRARY=$(readlink -f "$lib_lt")"
     "CMAKE_CUDA_FLAGS=-I$cublas/include")
   echo "cuda-toolchain: cuBLAS from $cublas"
 fi
 if ! compgen -G "$cuda_toolkit/lib64/stubs/libcuda.so" >/dev/null &&
   ! compgen -G "$cuda_toolkit/targets/*/lib/stubs/libcuda.so" >/dev/null; then
-  driver=$(ldconfig -p | sed -n 's/.*libcuda\.so\.1 .*=> //p' | head -n 1)
+  # ldconfig is in /sbin, off a non-root user's PATH on Debian; the x86-64 entry, not an i386 one
+  driver=$({ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | sed -n 's/.*libcuda\.so\.1 (libc6,x86-64.*=> //p' | head -n 1 || true)
   if [[ -z "$driver" ]]; then
     mkdir -p "$cuda_deps/stubs"
     echo | cc -shared -x c - -o "$cuda_deps/stubs/libcuda.so" -Wl,-soname,libcuda.so.1

@@ -110,8 +110,9 @@ def clauses() -> dict[str, Clause]:
 def spec_ids() -> list[str]:
     """The clause IDs shared/CONTRACTS.md names (retro/contracts.ids, the spec's list as data: the
     library carries it, since its topology gate requires clauses of it by ID)."""
-    text = resources.files("retro").joinpath("contracts.ids").read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    from retro._gate import contract_ids
+
+    return list(contract_ids())
 
 
 @cache

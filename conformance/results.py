@@ -311,8 +311,6 @@ def write_all(results: dict, out: Path) -> None:
     (out / "report.html").write_text(html.report_html(results), encoding="utf-8")
 
 
-#: how each result code of a case, and each status of a clause, reads on a JUnit dashboard; a
-#: seeded defect that survived is a failure of the check that let it through
 #: a case run's JUnit element, for an intact run of a check: a failure or a crash there fails its
 #: clause, so a certified run shows none. A seeded-defect run is never a failure or an error: whether
 #: its defect was caught somewhere is the clause's verdict (<backend>.clauses); the run itself is a

@@ -33,11 +33,15 @@ SCHEMA = 2
 
 
 @cache
-def gated_clauses() -> tuple[str, ...]:
-    """The contract's clauses the gate requires, from the spec's clause list (contracts.ids)."""
+def contract_ids() -> tuple[str, ...]:
+    """Every clause ID shared/CONTRACTS.md names, in its order (contracts.ids, the spec's list as data)."""
     text = resources.files(__package__).joinpath("contracts.ids").read_text(encoding="utf-8")
-    ids = (line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
-    return tuple(cid for cid in ids if cid.startswith(GATED))
+    return tuple(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def gated_clauses() -> tuple[str, ...]:
+    """The contract's clauses the gate requires."""
+    return tuple(cid for cid in contract_ids() if cid.startswith(GATED))
 
 
 def digest(package: Package) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import platform
@@ -584,9 +583,9 @@ def soak(model: Path, *, steps: int) -> Soak:
     hit of a fresh arming, round after round, so that every site's failure repeats many times."""
     import retro
 
-    fi = importlib.import_module("retro.fault_injection")  # installed inside retro by the wheel
+    from ._native import hooks  # the fault sites' native door: the library never imports its harness
 
-    per_site = {site: 0 for site in fi.SITES}
+    per_site = {site: 0 for site in hooks.sites()}
     with (
         retro.Model.load(model, devices=[], trainable=True) as m,
         retro.Context(m, n_ctx=256, n_ubatch=256) as c,
@@ -599,18 +598,18 @@ def soak(model: Path, *, steps: int) -> Soak:
         def fail_once(site: str) -> None:
             head = "fused" if site == "fused_head" else "dense"
             with retro.Trainer(c, head=head) as tr:
-                fi.arm(site, 1)
+                hooks.arm(site, 1, False)
                 try:
                     tr.epoch(fused if head == "fused" else one)
                 except retro.TrainingError:
                     pass
                 finally:
-                    fi.reset()
+                    hooks.reset()
                 if site != "compute":  # the trainer is usable: one good step on it
                     tr.epoch(fused if head == "fused" else one)
 
         def round_() -> None:
-            for site in fi.SITES:
+            for site in hooks.sites():
                 fail_once(site)
                 per_site[site] += 1
 

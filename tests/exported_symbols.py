@@ -13,6 +13,7 @@ function's vague-linkage copy, the same code as libstdc++'s. Anything else libst
 exported by a library of ours.
 
 Usage: python tests/exported_symbols.py DIR_OR_LIB [...]  (exit 1 with the offenders listed)
+       python tests/exported_symbols.py --installed    (the libraries of the retro this Python imports)
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ def shared_libraries(paths: Iterable[Path]) -> list[Path]:
     return found
 
 
+def installed_libraries() -> Path:
+    """The folder of the extension of the retro this interpreter imports (run as a script, this
+    file's folder, not the working directory, leads sys.path: a source checkout's retro/ is not it)."""
+    import retro._native
+
+    return Path(retro._native.__file__).resolve().parent
+
+
 def _is_elf(path: Path) -> bool:
     with path.open("rb") as f:
         return f.read(4) == b"\x7fELF"
@@ -94,6 +103,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    if argv == ["--installed"]:
+        argv = [str(installed_libraries())]
     libraries = shared_libraries(Path(a) for a in argv)
     if not libraries:
         print(f"exported_symbols: no shared library under {' '.join(argv)}", file=sys.stderr)

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-from exported_symbols import _defined_dynamic, libstdcxx_path, runtime_clashes, shared_libraries
-
-import retro._native
+from exported_symbols import _defined_dynamic, installed_libraries, libstdcxx_path, runtime_clashes, shared_libraries
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +20,7 @@ def runtime() -> dict[str, str]:
 
 
 def test_no_library_of_this_build_exports_libstdcxx_state(runtime):
-    libraries = shared_libraries([Path(retro._native.__file__).resolve().parent])
+    libraries = shared_libraries([installed_libraries()])
     names = sorted(lib.name for lib in libraries)
     # every library the binding loads is looked at, not only the ones that happen to be there
     for expected in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"):

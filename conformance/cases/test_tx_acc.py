@@ -205,6 +205,12 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
         backend_error=backend_error,
         defect_error=float(np.abs(steering).max()),
     )
+    expect(
+        "TX-ACC-09",
+        tolerance < 0.1 * float(np.abs(steering).max()),
+        f"the backend's own error ({backend_error:.3g}) leaves a bound ({tolerance:.3g}) that could hide a copy "
+        "written twice or not at all",
+    )
     with bound("TX-ACC-09"):
         assert error <= tolerance, (
             f"steered logits moved {error:.3g} away from once the steering (bound {tolerance:.3g}, "
