@@ -1,5 +1,5 @@
 """The mutation command on the mutants CI pins (tests/mutation/pinned.toml; the score of a drawn
-sample is in README.md): each is put in place in its room and killed by the certification's intact
+sample is in docs/evidence.md): each is put in place in its room and killed by the certification's intact
 runs, not only by a seeded-defect run."""
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from retro.conformance import html, registry, results
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs it (.ci/install-chromium): there a missing browser fails the test, never skips it
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None and not os.environ.get("CI"), reason="no chromium here (.ci/install-chromium installs it)"
+    CHROMIUM is None and not os.environ.get("CI"),
+    reason="no chromium on this machine (.ci/install-chromium installs Debian's; CI requires it)",
 )
 WIDTH, HEIGHT = 1400, 4000
 #: what the browser measures on the rendered page: every cell's status, box and painted colour

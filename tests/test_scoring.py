@@ -64,7 +64,7 @@ def test_top_k_orders_ids_by_probability(model):
 
 
 def test_a_student_distils_a_teachers_top_k(tmp_path, model_path):
-    """The README's distillation example: a teacher scores windows, a student trains on its top 8;
+    """The distillation example of docs/api.md: a teacher scores windows, a student trains on its top 8;
     the student's loss against the teacher's targets falls, and its own top 1 agrees with the
     teacher's more often than before."""
     teacher_path = write_tiny_llama(tmp_path / "teacher.gguf", TinyLlamaSpec(seed=11))

@@ -54,7 +54,7 @@ def test_with_every_core_busy_elsewhere_a_compute_gets_one_thread(
 
 
 def test_the_benchmark_measures_each_phase(model_path: Path) -> None:
-    """The benchmark's pieces run (its figures are the README's, not this test's)."""
+    """The benchmark's pieces run (its figures are docs/benchmarks.md's, not this test's)."""
     from retro import bench
 
     loop = bench.loop_overhead(model_path, threads=1, n_ubatch=256, reps=1)

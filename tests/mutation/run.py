@@ -4,7 +4,7 @@ patch series adds to llama.cpp with an off-the-shelf tool (universalmutator), er
 included; rebuild each mutant (or, for Python, put the mutated module in place), judge it by the
 whole certification, and report the mutants it let through.
 
-    python tests/mutation/run.py --sample 80 --seed 2026 --out F   # a scored sample, figures to README
+    python tests/mutation/run.py --sample 80 --seed 2026 --out F   # a scored sample, figures to docs/evidence.md
     python tests/mutation/run.py --resume --out F                  # go on with a run that stopped
     python tests/mutation/run.py --pinned tests/mutation/pinned.toml --no-defect-proof   # what CI runs
 
