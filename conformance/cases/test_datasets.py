@@ -101,9 +101,12 @@ def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, 
 
 @pytest.mark.clause("HOST-05")
 def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, seed):
-    """The context's host label rows are allocated by its first step and never again for steps of
-    equal or smaller geometry: their address and capacity, read from llama.cpp after every step of
-    two epochs (weighted, then top-k targets) and after one shorter step, stay the first step's."""
+    """The context's host label arrays are allocated by their first step and never again for steps
+    of equal or smaller geometry. The dense head's rows: their address and capacity, read from
+    llama.cpp after every step of two epochs (weighted, then top-k targets) and after one shorter
+    step, stay the first step's. The fused head's sparse-target arrays (k indices, k weights and
+    one best id per token): their capacity, read after every step of a top-k epoch and of one with
+    fewer targets per token, stays the first step's."""
     n_vocab = _n_vocab(backend, model_path)
     seen: list[tuple[int, int]] = []
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
@@ -113,6 +116,18 @@ def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, se
             short = support.windows(1, 32, n_vocab, seed + 67)
             micro_batch(tr, short.tokens[0], short.labels[0])  # half the geometry
             seen.append(label_rows(ctx))
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125), head="fused") as tr:
+            sparse: list[int] = []
+            top_k = _top_k(2, n_vocab, seed + 68)
+            fewer = retro.TopKDataset(top_k.tokens, top_k.ids[:, :, :2].copy(), top_k.weights[:, :, :2].copy())
+            for ds in (top_k, fewer):
+                tr.epoch(ds, progress=lambda p: sparse.append(sparse_targets(ctx)))
+    expect(
+        "HOST-05",
+        sparse[0] >= (2 * top_k.k + 1) * 64 and set(sparse) == {sparse[0]},
+        f"the fused head's sparse-target capacity went {sparse} over {len(sparse)} steps "
+        f"(k {top_k.k}, then 2; 64-token micro-batches)",
+    )
     first = seen[0]
     expect("HOST-05", first[0] != 0 and first[1] >= 64 * n_vocab, f"label rows {first} after a step of 64 tokens")
     moved = [i for i, rows in enumerate(seen) if rows != first]
