@@ -1,6 +1,9 @@
 """What changed between two results packages (two releases, two pull requests, two machines):
 the builds, each clause's status and each case's result code per backend (regressions first),
-CPU-oracle figures that moved, and timings that changed beyond noise. `retro-conformance diff`
+CPU-oracle figures that moved, and timings that changed beyond noise. The headline is the verdict
+per clause and backend: a seeded-defect run whose result changed is listed apart and is never a
+regression by itself (a defect is written for one path; whether it escaped every check is its
+clause's status, which is compared). `retro-conformance diff`
 prints it and exits 1 on a regression, so that CI can gate on it; `--markdown` writes the same
 as a section for a pull request."""
 
@@ -39,6 +42,8 @@ class Diff:
     regressions: list[Change] = field(default_factory=list)  # clauses, then cases
     improvements: list[Change] = field(default_factory=list)
     other: list[Change] = field(default_factory=list)
+    clauses: list[Change] = field(default_factory=list)  # every clause whose status changed, as compared
+    defect_runs: list[Change] = field(default_factory=list)  # seeded-defect runs whose result changed
     not_compared: list[Change] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -88,7 +93,10 @@ def compare(old: dict, new: dict) -> Diff:
             if was == now:
                 continue
             change = Change(f"{cid} on {name}", was, now, new["clause_details"][cid].get(name, ""))
-            _file(d, change, was in GOOD_CLAUSE, now in GOOD_CLAUSE, now in NOT_COMPARED or now == "absent")
+            uncompared = now in NOT_COMPARED or now == "absent"
+            if not uncompared:
+                d.clauses.append(change)
+            _file(d, change, was in GOOD_CLAUSE, now in GOOD_CLAUSE, uncompared)
 
     before = {results.case_key(c): c for c in old["cases"]}
     after = {results.case_key(c): c for c in new["cases"]}
@@ -108,7 +116,10 @@ def compare(old: dict, new: dict) -> Diff:
                 c["outcome"],
                 c["message"].strip().splitlines()[0][:200] if c["message"].strip() else "",
             )
-            _file(d, change, p["outcome"] in GOOD_CASE, c["outcome"] in GOOD_CASE, c["outcome"] == "not available")
+            if p["defect"] is not None:
+                d.defect_runs.append(change)
+            else:
+                _file(d, change, p["outcome"] in GOOD_CASE, c["outcome"] in GOOD_CASE, c["outcome"] == "not available")
         if p["defect"] is None and c["outcome"] == p["outcome"] == "pass":
             slow, fast = max(p["duration_s"], c["duration_s"]), min(p["duration_s"], c["duration_s"])
             if slow - fast > TIMING_FLOOR_S and slow > TIMING_FACTOR * max(fast, 1e-9):
@@ -150,6 +161,7 @@ def _sections(d: Diff) -> list[tuple[str, list[str]]]:
         ("Improvements", [c.line() for c in d.improvements]),
         ("Other changes", [c.line() for c in d.other]),
         ("No longer compared", [c.line() for c in d.not_compared]),
+        ("Seeded-defect runs that changed (their clauses' statuses above decide)", [c.line() for c in d.defect_runs]),
         ("Cases added", d.added),
         ("Cases removed", d.removed),
         ("CPU-oracle figures that moved", [c.line() for c in d.oracle]),
@@ -157,9 +169,18 @@ def _sections(d: Diff) -> list[tuple[str, list[str]]]:
     ]
 
 
-def summary(d: Diff, limit: int | None = 20) -> list[str]:
+def headline(d: Diff) -> str:
+    """The regressions counted, then the clauses whose status changed (the verdict's units)."""
     head = f"{len(d.regressions)} regression(s)" if d.regressed else "no regression"
-    lines = [f"diff: {head}"]
+    if d.clauses:
+        shown = "; ".join(f"{c.where}: {c.old} -> {c.new}" for c in d.clauses[:3])
+        more = f"; and {len(d.clauses) - 3} more" if len(d.clauses) > 3 else ""
+        head += f"; {len(d.clauses)} clause status(es) changed: {shown}{more}"
+    return head
+
+
+def summary(d: Diff, limit: int | None = 20) -> list[str]:
+    lines = [f"diff: {headline(d)}"]
     for title, items in _sections(d):
         if items:
             lines.append(f"{title}:")
@@ -171,8 +192,7 @@ def summary(d: Diff, limit: int | None = 20) -> list[str]:
 
 
 def markdown(d: Diff, old_name: str, new_name: str) -> str:
-    head = f"**{len(d.regressions)} regression(s)**" if d.regressed else "No regression."
-    lines = [f"## Conformance: `{old_name}` -> `{new_name}`", "", head, ""]
+    lines = [f"## Conformance: `{old_name}` -> `{new_name}`", "", f"**{headline(d)}**", ""]
     for title, items in _sections(d):
         if items:
             lines += [f"### {title}", "", *[f"- {i}" for i in items], ""]
