@@ -42,12 +42,55 @@ _STYLE = (
 )
 
 
-def _run_facts(results: dict) -> str:
+def not_passing(results: dict) -> list[tuple[str, str, str, str, list[str]]]:
+    """What a reader of a report came for, first: each clause x backend that was judged and did not
+    pass, as (clause, backend, status, reason, each failing intact check with its assertion)."""
+    out = []
+    for cid, row in results["clauses"].items():
+        for name, status in row.items():
+            if status in ("pass", "not selected", "not available"):
+                continue
+            checks = [
+                f"{c['id']}: {(c['message'].strip().splitlines() or [''])[0][:300]}"
+                for c in results["cases"]
+                if c["backend"] == name
+                and c["defect"] is None
+                and cid in c["clauses"]
+                and c["outcome"] in ("fail", "crash")
+            ]
+            out.append((cid, name, status, results["clause_details"][cid][name], checks))
+    return out
+
+
+def run_facts(results: dict) -> list[tuple[str, str]]:
+    """The run as (fact, value): the build (pin, series, configuration), the machine, the devices."""
     run = results["run"]
     keys = ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection")
-    rows = "".join(
-        f"<tr><th>{escape(k.replace('_', ' '))}</th><td>{escape(str(run[k]))}</td></tr>" for k in keys if k in run
+    facts = [(k.replace("_", " "), str(run[k])) for k in keys if k in run]
+    if run.get("build_config"):
+        facts.append(("build", ", ".join(f"{k}={v}" for k, v in run["build_config"].items())))
+    for name, b in results["backends"].items():
+        if b.get("devices"):
+            facts.append(
+                (f"{name} devices", "; ".join(d.get("description") or d.get("name", "") for d in b["devices"]))
+            )
+    return facts
+
+
+def _not_passing(results: dict) -> str:
+    items = "".join(
+        f'<li><a href="#{anchor(cid, name)}">{cid} on {escape(name)}</a>: '
+        f'<span class="{css_class(status)}">&nbsp;{escape(status)}&nbsp;</span> {escape(reason)}'
+        + "".join(f"<div><code>{escape(check)}</code></div>" for check in checks)
+        + "</li>"
+        for cid, name, status, reason, checks in not_passing(results)
     )
+    return f'<h2>Not passing</h2><ul id="not-passing">{items}</ul>' if items else ""
+
+
+def _run_facts(results: dict) -> str:
+    run = results["run"]
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in run_facts(results))
     if run.get("partial"):
         rows += f"<tr><th>partial</th><td>{escape(run['partial'])}</td></tr>"
     if run.get("merged"):
@@ -154,7 +197,7 @@ def report_html(results: dict) -> str:
         "<title>retro conformance report</title>"
         f"<style>{_STYLE}</style></head><body>"
         "<h1>retro conformance report</h1>"
-        f"<h2>Verdict</h2>{_verdicts(results)}{_gates(results)}"
+        f"<h2>Verdict</h2>{_verdicts(results)}{_gates(results)}{_not_passing(results)}"
         f"<h2>Run</h2>{_run_facts(results)}"
         f"<h2>Clauses</h2>{_grid(results)}"
         f"<h2>Evidence</h2>{_evidence(results)}"

@@ -439,19 +439,9 @@ def report_markdown(results: dict) -> str:
     names = list(results["backends"])
     run = results["run"]
     lines = ["# retro conformance report", ""]
-    for key in (
-        "start_time",
-        "retro",
-        "llama_cpp",
-        "patch_series_sha256",
-        "python",
-        "platform",
-        "seed",
-        "selection",
-        "partial",
-    ):
-        if key in run:
-            lines.append(f"- {key.replace('_', ' ')}: `{run[key]}`")
+    lines += [f"- {fact}: `{value}`" for fact, value in html.run_facts(results)]
+    if "partial" in run:
+        lines.append(f"- partial: `{run['partial']}`")
     if run.get("merged"):
         lines.append(f"- merged from {run['shards']} shard(s)")
     lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
@@ -460,6 +450,12 @@ def report_markdown(results: dict) -> str:
         passing = sum(results["clauses"][c][n] == "pass" for c in results["selected"])
         status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
         lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
+    failing = html.not_passing(results)
+    if failing:  # what a reader came for, before the matrix
+        lines += ["", "## Not passing", ""]
+        for cid, name, status, reason, checks in failing:
+            lines.append(f"- **{cid}** on {name}: {status}: {reason}")
+            lines += [f"  - `{check}`" for check in checks]
     lines += [
         "",
         "## Clauses",
