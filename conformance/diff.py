@@ -86,13 +86,14 @@ def compare(old: dict, new: dict) -> Diff:
         if was != now:
             d.verdicts.append(Change(name, was, now))
 
-    for cid in new["clauses"]:
-        for name in sorted(set(old["clauses"].get(cid, {})) | set(new["clauses"][cid])):
+    # a clause the new registry no longer has reads "absent" there: not compared, but listed
+    for cid in dict.fromkeys([*new["clauses"], *old["clauses"]]):
+        for name in sorted(set(old["clauses"].get(cid, {})) | set(new["clauses"].get(cid, {}))):
             was = old["clauses"].get(cid, {}).get(name, "absent")
-            now = new["clauses"][cid].get(name, "absent")
+            now = new["clauses"].get(cid, {}).get(name, "absent")
             if was == now:
                 continue
-            change = Change(f"{cid} on {name}", was, now, new["clause_details"][cid].get(name, ""))
+            change = Change(f"{cid} on {name}", was, now, new["clause_details"].get(cid, {}).get(name, ""))
             uncompared = now in NOT_COMPARED or now == "absent"
             if not uncompared:
                 d.clauses.append(change)
@@ -136,7 +137,7 @@ def compare(old: dict, new: dict) -> Diff:
                     f"tolerance {o['tolerance']:g}" + (", now beyond it" if crossed else ""),
                 )
                 d.oracle.append(change)
-                if crossed:
+                if crossed and c["defect"] is None:  # a defect run's figures are its clause's to judge
                     d.regressions.append(change)
     d.timings.sort(key=lambda ch: -abs(float(ch.new.split()[0]) - float(ch.old.split()[0])))
     return d
@@ -173,7 +174,8 @@ def headline(d: Diff) -> str:
     """The regressions counted, then the clauses whose status changed (the verdict's units)."""
     head = f"{len(d.regressions)} regression(s)" if d.regressed else "no regression"
     if d.clauses:
-        shown = "; ".join(f"{c.where}: {c.old} -> {c.new}" for c in d.clauses[:3])
+        first = sorted(d.clauses, key=lambda c: c not in d.regressions)  # a regressed clause is never hidden
+        shown = "; ".join(f"{c.where}: {c.old} -> {c.new}" for c in first[:3])
         more = f"; and {len(d.clauses) - 3} more" if len(d.clauses) > 3 else ""
         head += f"; {len(d.clauses)} clause status(es) changed: {shown}{more}"
     return head

@@ -67,13 +67,19 @@ def run_facts(results: dict) -> list[tuple[str, str]]:
     run = results["run"]
     keys = ("start_time", "retro", "llama_cpp", "patch_series_sha256", "python", "platform", "seed", "selection")
     facts = [(k.replace("_", " "), str(run[k])) for k in keys if k in run]
-    if run.get("build_config"):
-        facts.append(("build", ", ".join(f"{k}={v}" for k, v in run["build_config"].items())))
+    # a merged package's run is the summary: each shard's machine and build configuration (shards
+    # of one build may differ in it: a Vulkan build beside a CPU one)
+    merged = bool(run.get("merged"))
+    for i, shard in enumerate(results.get("shards", []) if merged else [run], start=1):
+        where = f"shard {i} " if merged else ""
+        if merged:
+            facts += [(f"{where}{k}", str(shard[k])) for k in ("python", "platform", "selection") if k in shard]
+        if shard.get("build_config"):
+            facts.append((f"{where}build", ", ".join(f"{k}={v}" for k, v in shard["build_config"].items())))
     for name, b in results["backends"].items():
-        if b.get("devices"):
-            facts.append(
-                (f"{name} devices", "; ".join(d.get("description") or d.get("name", "") for d in b["devices"]))
-            )
+        devices = [d.get("description") or d.get("name") for d in b.get("devices", [])] or [b.get("device")]
+        if any(devices):
+            facts.append((f"{name} devices", "; ".join(d for d in devices if d)))
     return facts
 
 

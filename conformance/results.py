@@ -454,8 +454,8 @@ def report_markdown(results: dict) -> str:
     if failing:  # what a reader came for, before the matrix
         lines += ["", "## Not passing", ""]
         for cid, name, status, reason, checks in failing:
-            lines.append(f"- **{cid}** on {name}: {status}: {reason}")
-            lines += [f"  - `{check}`" for check in checks]
+            lines.append(f"- **{cid}** on {name}: {status}: {(reason.strip().splitlines() or [''])[0]}")
+            lines += [f"  - `` {check} ``" for check in checks]
     lines += [
         "",
         "## Clauses",
