@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from site_view import site_view_env
+from site_view import build_into, site_view_env
 
 from conftest import REPO
 from retro._native import hooks
@@ -66,24 +66,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 @pytest.mark.slow
 def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
     target = tmp_path / "release"
-    build = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--target",
-            str(target),
-            f"-Cbuild-dir={REPO / 'build' / 'release'}",
-            "-Ccmake.define.RETRO_SEEDED_DEFECTS=OFF",
-            str(REPO),
-        ],
-        dict(os.environ),
-        tmp_path,
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    build_into(target, REPO / "build" / "release", "RETRO_SEEDED_DEFECTS=OFF")
 
     # no switch function, exported or called, and no defect ID in any library of the release build
     libraries = sorted(p for p in (target / "retro").glob("*.so*") if p.is_file())

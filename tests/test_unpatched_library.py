@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from site_view import site_view_env
+from site_view import build_into, site_view_env
 
 from conftest import REPO
 
@@ -26,25 +26,12 @@ def test_base01_check_fails_against_the_unpatched_library(tmp_path):
     target = tmp_path / "unpatched"
     # a build folder kept from an earlier run has its sources already: nothing is fetched then
     fresh = not (REPO / "build" / "unpatched" / "llama.cpp").exists()
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--target",
-            str(target),
-            f"-Cbuild-dir={REPO / 'build' / 'unpatched'}",
-            "-Ccmake.define.RETRO_EXCLUDE_PATCHES=0001,0015,0030,0033,0039",
-            str(REPO),
-        ],
-        capture_output=True,
-        text=True,
+    build_into(
+        target,
+        REPO / "build" / "unpatched",
+        "RETRO_EXCLUDE_PATCHES=0001,0015,0030,0033,0039",
         env=dict(os.environ, RETRO_CACHE_DIR=str(tmp_path / "cache")),
     )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     assert not fresh or (tmp_path / "cache" / "llama_cpp_python-0.3.36.tar.gz").is_file()
 
     # -S: no .pth processing, so an editable install of retro cannot shadow the unpatched build
