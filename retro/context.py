@@ -6,11 +6,10 @@ import atexit
 import contextlib
 import time
 import weakref
-from collections.abc import Iterator
 
 import numpy as np
 
-from . import _checks, _native, _threads, errors
+from . import _checks, _native, _threads
 from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .model import Model
@@ -150,8 +149,7 @@ class Context(NativeHandle):
             raise ValueError(f"{ids.size} tokens exceed n_batch={self.n_batch}")
         if self.n_past + ids.size > self.n_ctx:
             raise ValueError(f"{self.n_past} + {ids.size} tokens exceed n_ctx={self.n_ctx}; call reset()")
-        with self._transaction_errors():
-            return self._h.decode(ids)
+        return self._h.decode(ids)
 
     @forwarding
     def generate(
@@ -193,10 +191,9 @@ class Context(NativeHandle):
                 raise ValueError("speculative generation starts on empty sequences: reset() both contexts")
             if ids.size + max_new + n_draft > min(draft.n_ctx, self.n_ctx) or n_draft + 1 > self.n_batch:
                 raise ValueError("the prompt, max_new and n_draft do not fit both contexts")
-        with self._transaction_errors(draft):
-            tokens, decodes, drafted, accepted = self._h.generate(
-                ids.tolist(), max_new, temperature, seed, stop_at_eog, draft._h if draft else None, n_draft
-            )
+        tokens, decodes, drafted, accepted = self._h.generate(
+            ids.tolist(), max_new, temperature, seed, stop_at_eog, draft._h if draft else None, n_draft
+        )
         return Generation(list(tokens), int(decodes), int(drafted), int(accepted))
 
     def drain_captures(self) -> list[Capture]:
@@ -219,15 +216,6 @@ class Context(NativeHandle):
     def sequence_state(self) -> bytes:
         """llama.cpp's serialization of the sequence (positions and K/V cache contents)."""
         return bytes(self._h.sequence_state())
-
-    @contextlib.contextmanager
-    def _transaction_errors(self, draft: Context | None = None) -> Iterator[None]:
-        try:
-            yield
-        except errors.TensorCallbackError as e:
-            failures = [c.transaction_failure for c in (self, draft) if c is not None]
-            e.failure = next((f for f in failures if f is not None), TransactionFailure("unknown", "", "", str(e), ""))
-            raise
 
     def reset(self) -> None:
         """Forget the sequence: the next decode starts at position 0."""

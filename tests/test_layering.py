@@ -1,11 +1,13 @@
-"""The library's import graph, read from its source: it never imports its harness (retro.conformance,
-retro.fault_injection), and no two of its modules import each other, directly or round a circle
-(every import that runs counts, at module level or inside a function; an import for the type
-checker alone, under `if TYPE_CHECKING:`, never runs and names a type only)."""
+"""The library's layers, read from its source. Python: it never imports its harness
+(retro.conformance, retro.fault_injection), and no two of its modules import each other, directly or
+round a circle (every import that runs counts, at module level or inside a function; an import for
+the type checker alone, under `if TYPE_CHECKING:`, never runs and names a type only). Native: the
+core knows no Python, and the bindings only translate (no call of theirs changes a context)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -110,3 +112,40 @@ def test_no_import_circle_in_the_library():
 def test_the_check_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+NATIVE = REPO / "native"
+# llama.cpp calls that change a context, and the guard every such call takes: the core's alone
+CONTEXT_POLICY = re.compile(
+    r"\b(llama_decode|llama_init_from_model|llama_free|llama_memory_clear|llama_memory_seq_rm|"
+    r"llama_state_seq_get_data|llama_opt_(?:init|epoch|prepare\w*|step\w*)|retro_defect_on|CallGuard\s+\w+\s*\()"
+)
+
+
+def _code(path: Path) -> str:
+    """The file without its comments."""
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_native_core_knows_no_python():
+    core = sorted((NATIVE / "core").glob("*.[ch]*"))
+    assert len(core) > 10
+    offenders = [p.name for p in core if re.search(r"#include\s*[<\"](pybind11/|Python\.h)", _code(p))]
+    assert not offenders
+
+
+def test_the_bindings_change_no_context_themselves():
+    bindings = sorted((NATIVE / "bindings").glob("*.cpp"))
+    assert {p.name for p in bindings} >= {"bind_context.cpp", "bind_trainer.cpp", "bind_transactions.cpp"}
+    found = {p.name: sorted(set(CONTEXT_POLICY.findall(_code(p)))) for p in bindings}
+    # the test door reads the switches for Python; the one switch on a binding's own path is about a
+    # Python object (a handler's exception kept alive)
+    allowed = {"bind_hooks.cpp": ["retro_defect_on"], "bind_transactions.cpp": ["retro_defect_on"]}
+    assert {name: calls for name, calls in found.items() if calls and calls != allowed.get(name)} == {}
+
+
+def test_the_policy_pattern_sees_a_context_call():
+    assert CONTEXT_POLICY.findall("rc = llama_decode(c.ctx, batch); CallGuard call(c);") == [
+        "llama_decode",
+        "CallGuard call(",
+    ]

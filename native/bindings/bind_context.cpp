@@ -1,14 +1,14 @@
 // retro._native.Context
 #include "bind_transactions.h"
 #include "bindings.h"
-#include "decoding.h"
+#include "context_calls.h"
 #include "graph_probe.h"
 #include "handles.h"
 #include "logging.h"
 
 #include <pybind11/stl.h>
 
-#include <cstring>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,168 +18,39 @@ namespace py = pybind11;
 namespace retro::bindings {
 namespace {
 
-std::shared_ptr<Context> new_context(std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                                     int32_t n_threads, bool adaptive_threads, uint32_t sequences,
-                                     std::shared_ptr<PendingTransactions> transactions) {
-    if (transactions && llama_context_params_size() != sizeof(llama_context_params)) {
-        throw Error(ErrorKind::Context,
-                    "the llama library was built from another llama.h (decode hooks ABI): rebuild retro");
-    }
-    llama_context_params params = llama_context_default_params();
-    params.n_ctx                = n_ctx;
-    params.n_batch              = n_batch;
-    params.n_ubatch             = n_ubatch;
-    // packed training puts several documents (sequences) in one micro-batch: one KV stream for
-    // all of them, so that a micro-batch is never split by sequence
-    params.n_seq_max       = std::max<uint32_t>(1, sequences);
-    params.kv_unified      = sequences > 1;
-    params.n_threads       = n_threads;
-    params.n_threads_batch = n_threads;
-    params.no_perf         = true;
-    auto context           = std::make_shared<Context>();
-    context->model         = model;
-    context->threads       = ThreadGovernor(n_threads, adaptive_threads);
-    if (transactions) {
-        install(*context, params, *transactions);
-    }
-    clear_recent_errors();
-    {
-        WithoutGil release;
-        context->ctx = llama_init_from_model(model->get(), params);
-    }
-    if (!context->ctx) {
-        throw Error(ErrorKind::Context, with_diagnostic("failed to create the context"));
-    }
-    model->open_contexts += 1;
-    return context;
-}
-
-std::string failure_text(const tx::Failure & f) {
-    std::string text = "tensor transaction failed (" + f.kind + (f.node.empty() ? "" : ", node '" + f.node + "'") + ")";
-    if (!f.type.empty()) {
-        text += ": " + f.type;
-    }
-    return text + ": " + f.message;
-}
-
-// After a decode (or a generation's decodes) on c: raise what the transactions or llama.cpp report.
-void check_outcome(Context & c, int32_t rc, int32_t n_past_before) {
-    if (c.transactions) {
-        const tx::Transactions & t = *c.transactions;
-        if (t.last_refused()) {
-            throw Error(ErrorKind::CaptureLimit, "the decode's retained captures would take the undrained ones past " +
-                                                         std::to_string(t.retained_limit()) + " bytes (" +
-                                                         std::to_string(t.retained_bytes()) +
-                                                         " held): drain them first");
-        }
-        if (t.failed() && !retro_defect_on(RETRO_DEFECT_TX_FAIL_04)) {       // seeded defect: only rc is looked at
-            if (retro_defect_on(RETRO_DEFECT_TX_FAIL_05) && t.last_ran()) {  // seeded defect: rolled back
-                llama_memory_seq_rm(llama_get_memory(c.ctx), 0, n_past_before, -1);
-                c.n_past = n_past_before;
-            }
-            throw Error(ErrorKind::TensorCallback, failure_text(t.failure()));
-        }
-    }
-    if (rc != 0) {
-        throw Error(ErrorKind::Decode, with_diagnostic("llama_decode returned " + std::to_string(rc)));
-    }
-}
-
 py::array_t<float> decode(Context & c, py::array_t<int32_t, py::array::c_style> tokens) {
-    Busy busy(c);
-    llama_context * ctx   = c.get();
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c.model->get()));
-    if (tokens.ndim() != 1 || tokens.size() <= 0 || (size_t) tokens.size() > llama_n_batch(ctx) ||
-        (int64_t) c.n_past + tokens.size() > (int64_t) llama_n_ctx(ctx)) {
-        throw std::invalid_argument("tokens must be 1-D, non-empty, at most n_batch long and fit the context");
+    if (tokens.ndim() != 1 || tokens.size() > INT32_MAX) {
+        throw std::invalid_argument("tokens must be 1-D, at most n_batch long");
     }
-    const int32_t n     = (int32_t) tokens.size();
-    const int32_t * tok = tokens.data();
-    for (int32_t i = 0; i < n; ++i) {
-        if (tok[i] < 0 || tok[i] >= n_vocab) {
-            throw std::invalid_argument("token id out of range");
-        }
-    }
-    const int32_t before = c.n_past;
-    clear_recent_errors();
-    int32_t rc;
-    std::string thrown;
+    Logits logits;
     {
         WithoutGil release;
-        const bool bracket = c.transactions && retro_defect_on(RETRO_DEFECT_TX_OWN_05);  // seeded defect
-        if (bracket && !tx::Transactions::decode_begin(c.transactions.get(), n)) {
-            rc = LLAMA_DECODE_HOOK_FAILED;
-        } else {
-            try {
-                rc = decode_tokens(c, tok, n, std::vector<int8_t>((size_t) n, 1));
-            } catch (const std::exception & e) {  // e.g. compute buffers that cannot be reserved
-                rc     = -1;
-                thrown = e.what();
-            }
-            if (bracket && !tx::Transactions::decode_end(c.transactions.get(), rc) && rc == 0) {
-                rc = LLAMA_DECODE_HOOK_FAILED;
-            }
-        }
+        logits = retro::decode(c, tokens.data(), (int32_t) tokens.size());
     }
-    if (!thrown.empty()) {
-        throw Error(ErrorKind::Decode, with_diagnostic("llama_decode failed: " + thrown));
-    }
-    check_outcome(c, rc, before);
-    py::array_t<float> logits({(py::ssize_t) n, (py::ssize_t) n_vocab});
-    float * out = logits.mutable_data();
-    for (int32_t i = 0; i < n; ++i) {
-        const float * row = llama_get_logits_ith(ctx, i);
-        if (!row) {
-            throw Error(ErrorKind::Decode, with_diagnostic("no logits for output " + std::to_string(i)));
-        }
-        std::memcpy(out + (size_t) i * n_vocab, row, sizeof(float) * n_vocab);
-    }
-    return logits;
+    auto * values = new std::vector<float>(std::move(logits.values));
+    py::capsule owner(values, [](void * p) { delete static_cast<std::vector<float> *>(p); });
+    return py::array_t<float>({(py::ssize_t) logits.rows, (py::ssize_t) logits.n_vocab}, values->data(), owner);
 }
 
-// (tokens, decodes, drafted, accepted); a failed decode raises after the tokens generated so far
-// are attached to the error as `.tokens`.
+// (tokens, decodes, drafted, accepted); Ctrl-C stops the generation at the next token and raises
+// KeyboardInterrupt with `.tokens`, the tokens made so far.
 py::tuple generate(Context & c, const std::vector<int32_t> & prompt, int32_t max_new, float temperature, uint32_t seed,
                    bool stop_at_eog, std::shared_ptr<Context> draft, int32_t n_draft) {
-    Busy busy(c);
-    std::optional<Busy> draft_busy;
-    if (draft) {
-        draft_busy.emplace(*draft);
-        draft->get();
-    }
-    c.get();
-    const int32_t before       = c.n_past;
-    const int32_t draft_before = draft ? draft->n_past : 0;
-    clear_recent_errors();
-    Generation g;
-    // a pending signal (Ctrl-C) stops the generation at the next token: PyErr_CheckSignals leaves
-    // its exception set on this thread, raised below with the tokens made so far
+    // a pending signal: PyErr_CheckSignals leaves its exception set on this thread, raised below
     const InterruptFn interrupted = [] {
         py::gil_scoped_acquire acquire;
         return PyErr_CheckSignals() != 0;
     };
+    Generation g;
     {
         WithoutGil release;
-        g = retro::generate(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft,
-                            interrupted);
+        g = generate_on(c, prompt, max_new, Sampling{temperature, seed}, stop_at_eog, draft.get(), n_draft,
+                        interrupted);
     }
     if (g.interrupted) {
         py::error_already_set e;
         e.value().attr("tokens") = py::cast(g.tokens);
         throw e;
-    }
-    if (g.failed) {
-        try {
-            // seeded defect HARNESS-04.handler: only the target's transactions are looked at
-            Context & failed = retro_defect_on(RETRO_DEFECT_HARNESS_04_HANDLER) ? c : *g.failed;
-            check_outcome(failed, g.status, &failed == &c ? before : draft_before);
-        } catch (Error & e) {
-            py::object cls     = py::module_::import("retro.errors").attr(python_class_of(e.kind));
-            py::object err     = cls(e.what());
-            err.attr("tokens") = py::cast(g.tokens);
-            PyErr_SetObject(cls.ptr(), err.ptr());
-            throw py::error_already_set();
-        }
     }
     return py::make_tuple(g.tokens, g.decodes, g.drafted, g.accepted);
 }
@@ -205,9 +76,16 @@ void bind_context(py::module_ & m) {
             },
             py::arg("model"), py::arg("n_tokens"), py::arg("n_outputs"), py::arg("n_threads"));
     py::class_<Context, std::shared_ptr<Context>>(m, "Context")
-            .def(py::init(&new_context), py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"),
-                 py::arg("n_threads"), py::arg("adaptive_threads"), py::arg("sequences"),
-                 py::arg("transactions") = nullptr)
+            .def(py::init([](std::shared_ptr<Model> model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
+                             int32_t n_threads, bool adaptive_threads, uint32_t sequences,
+                             std::shared_ptr<PendingTransactions> transactions) {
+                     WithoutGil release;
+                     return open_context(std::move(model),
+                                         {n_ctx, n_batch, n_ubatch, n_threads, adaptive_threads, sequences},
+                                         transactions.get());
+                 }),
+                 py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"),
+                 py::arg("adaptive_threads"), py::arg("sequences"), py::arg("transactions") = nullptr)
             .def_property_readonly("sequences", [](const Context & self) { return llama_n_seq_max(self.get()); })
             // the packed batch of the last training step as llama.cpp holds it: (address of its
             // positions, positions, sequence ids)
@@ -236,11 +114,7 @@ void bind_context(py::module_ & m) {
                                    })
             .def_property_readonly("threads_now",
                                    [](const Context & self) { return llama_n_threads_batch(self.get()); })
-            .def("close",
-                 [](Context & self) {
-                     Busy busy(self);
-                     self.close();
-                 })
+            .def("close", &retro::close, py::call_guard<WithoutGil>())
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             // (address, capacity in floats) of the training steps' host label rows
             .def_property_readonly("label_rows",
@@ -274,13 +148,21 @@ void bind_context(py::module_ & m) {
                  py::arg("stop_at_eog"), py::arg("draft"), py::arg("n_draft"))
             .def("drain_captures",
                  [](Context & self) {
-                     Busy busy(self);
-                     return drain_captures(self);
+                     Drained drained;
+                     {
+                         WithoutGil release;
+                         drained = drain_captures(self);
+                     }
+                     return to_python(std::move(drained));
                  })
             .def("transaction_failure",
                  [](Context & self) {
-                     Busy busy(self);
-                     return transaction_failure(self);
+                     std::optional<tx::Failure> failure;
+                     {
+                         WithoutGil release;
+                         failure = transaction_failure(self);
+                     }
+                     return failure_or_none(failure);
                  })
             .def_property_readonly("transactions_address",
                                    [](const Context & self) { return (uintptr_t) self.transactions.get(); })
@@ -295,23 +177,14 @@ void bind_context(py::module_ & m) {
                     [](const Context & self) { return self.transactions ? self.transactions->decodes() : 0; })
             .def("sequence_state",
                  [](Context & self) {
-                     // llama.cpp's own serialization of sequence 0 (positions and K/V): what the
-                     // context will compute on from here
-                     Busy busy(self);
-                     const size_t size = llama_state_seq_get_size(self.get(), 0);
-                     std::string out(size, '\0');
-                     const size_t n = llama_state_seq_get_data(self.get(), (uint8_t *) out.data(), size, 0);
-                     out.resize(n);
-                     return py::bytes(out);
+                     std::string state;
+                     {
+                         WithoutGil release;
+                         state = sequence_state(self);
+                     }
+                     return py::bytes(state);
                  })
-            .def("reset", [](Context & self) {
-                Busy busy(self);
-                llama_memory_clear(llama_get_memory(self.get()), true);
-                self.n_past = 0;
-                if (self.transactions && retro_defect_on(RETRO_DEFECT_TX_FAIL_06_RESET)) {
-                    self.transactions->forget_failure();  // seeded defect: a reset starts the transactions afresh
-                }
-            });
+            .def("reset", &retro::reset, py::call_guard<WithoutGil>());
 }
 
 }  // namespace retro::bindings

@@ -1,6 +1,7 @@
 // Native errors to Python: each ErrorKind raises the class of the same name in retro.errors,
 // which builds its classes from error_kinds() (one table, native/core/error_kinds.def).
 #include "bindings.h"
+#include "context_calls.h"
 #include "errors.h"
 #include "tensor_io.h"
 
@@ -31,6 +32,36 @@ namespace {
 // and that unwinding aborts the process in C++ frames). Leaked: it must outlive finalization.
 py::dict * g_error_classes = nullptr;
 
+py::handle error_class(ErrorKind kind) {
+    if (g_error_classes) {
+        if (PyObject * cls = PyDict_GetItemString(g_error_classes->ptr(), python_class_of(kind))) {
+            return cls;
+        }
+    }
+    // retro.errors not imported yet (it imports this module first)
+    return py::object(py::module_::import("retro.errors").attr(python_class_of(kind))).release();
+}
+
+// The one Python error of a failed context call: its class, with the failed transaction's fields
+// (read as `failure`, retro/errors.py) and a generation's `tokens` where the core reported them.
+// Made in C calls only: no Python code runs here, so a daemon thread never gives up the GIL.
+void raise(const CallError & e) {
+    py::handle cls = error_class(e.kind);
+    try {
+        py::object error = cls(e.what());
+        if (e.failure) {
+            const tx::Failure & f         = *e.failure;
+            error.attr("_failure_fields") = py::make_tuple(f.kind, f.node, f.type, f.message, f.traceback);
+        }
+        if (e.tokens) {
+            error.attr("tokens") = py::cast(*e.tokens);
+        }
+        PyErr_SetObject(cls.ptr(), error.ptr());
+    } catch (py::error_already_set & failed) {
+        failed.restore();  // making the error failed: that failure is raised instead
+    }
+}
+
 }  // namespace
 
 void bind_errors(py::module_ & m) {
@@ -39,14 +70,10 @@ void bind_errors(py::module_ & m) {
             if (p) {
                 std::rethrow_exception(p);
             }
+        } catch (const CallError & e) {
+            raise(e);
         } catch (const Error & e) {
-            PyObject * cls =
-                    g_error_classes ? PyDict_GetItemString(g_error_classes->ptr(), python_class_of(e.kind)) : nullptr;
-            if (cls) {
-                PyErr_SetString(cls, e.what());
-            } else {  // retro.errors not imported yet (it imports this module first)
-                PyErr_SetString(py::module_::import("retro.errors").attr(python_class_of(e.kind)).ptr(), e.what());
-            }
+            PyErr_SetString(error_class(e.kind).ptr(), e.what());
         }
     });
     m.def(

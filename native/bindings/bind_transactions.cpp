@@ -155,58 +155,12 @@ py::tuple failure_tuple(const tx::Failure & f) {
 
 }  // namespace
 
-std::unique_ptr<tx::Transactions> PendingTransactions::fresh_copy() const {
-    return std::make_unique<tx::Transactions>(selectors, handler, limit);
-}
-
-std::unique_ptr<tx::Transactions> PendingTransactions::take() {
-    if (!state) {
-        if (retro_defect_on(RETRO_DEFECT_TX_OWN_04)) {  // seeded defect: a second owner gets its own copy
-            return fresh_copy();
-        }
-        throw Error(ErrorKind::InvalidState, "these tensor transactions already belong to a context");
-    }
-    if (retro_defect_on(RETRO_DEFECT_TX_OWN_01)) {  // seeded defect: the context installs a copy
-        auto copy = fresh_copy();
-        state.reset();
-        return copy;
-    }
-    if (!retro_defect_on(RETRO_DEFECT_TX_OWN_04) && !retro_defect_on(RETRO_DEFECT_TX_OWN_02)) {
-        handler = nullptr;  // the state holds the handler now; nothing here may keep it alive
-    }
-    return std::move(state);
-}
-
-void * install(Context & c, llama_context_params & params, PendingTransactions & pending) {
-    c.transactions            = pending.take();
-    tx::Transactions * called = c.transactions.get();
-    if (retro_defect_on(RETRO_DEFECT_TX_OWN_02)) {  // seeded defect: llama.cpp calls the original, the
-        called         = pending.original;          // context owns a moved copy
-        pending.keep   = std::move(c.transactions);
-        c.transactions = pending.fresh_copy();
-    }
-    params.cb_eval               = tx::Transactions::eval_callback;
-    params.cb_eval_user_data     = called;
-    params.decode_hook_user_data = called;
-    params.decode_begin          = tx::Transactions::decode_begin;
-    params.decode_end            = tx::Transactions::decode_end;
-    if (retro_defect_on(RETRO_DEFECT_TX_OWN_05)) {  // seeded defect: the binding brackets its own decodes only
-        params.decode_begin = nullptr;
-        params.decode_end   = nullptr;
-    }
-    return called;
-}
-
 void bind_transactions(py::module_ & m) {
     py::class_<PendingTransactions, std::shared_ptr<PendingTransactions>>(m, "Transactions")
             .def(py::init([](const std::vector<py::tuple> & specs, py::object handler, size_t limit) {
-                     auto p       = std::make_shared<PendingTransactions>();
-                     p->selectors = to_selectors(specs);
-                     p->handler   = python_handler(std::move(handler), p->selectors);
-                     p->limit     = limit;
-                     p->state     = p->fresh_copy();
-                     p->original  = p->state.get();
-                     return p;
+                     auto selectors   = to_selectors(specs);
+                     tx::Handler call = python_handler(std::move(handler), selectors);
+                     return std::make_shared<PendingTransactions>(std::move(selectors), std::move(call), limit);
                  }),
                  py::arg("selectors"), py::arg("handler"), py::arg("retained_limit"))
             .def_property_readonly("address", [](const PendingTransactions & p) { return (uintptr_t) p.original; })
@@ -227,20 +181,14 @@ void bind_transactions(py::module_ & m) {
             "the data phase's checks on a node's metadata: its byte count, or the failure tuple");
 }
 
-py::object transaction_failure(const Context & c) {
-    if (!c.transactions || !c.transactions->failed()) {
-        return py::none();
-    }
-    return failure_tuple(c.transactions->failure());
+py::object failure_or_none(const std::optional<tx::Failure> & f) {
+    return f ? py::object(failure_tuple(*f)) : py::object(py::none());
 }
 
-py::list drain_captures(Context & c) {
+py::list to_python(Drained drained) {
     py::list out;
-    if (!c.transactions) {
-        return out;
-    }
-    const auto & selectors = c.transactions->selectors();
-    for (auto & cap : c.transactions->drain()) {
+    const auto & selectors = drained.selectors;
+    for (auto & cap : drained.captures) {
         tx::Observation view{cap.selector, cap.decode, 0, 0, cap.rows, cap.positions.data(), std::move(cap.data)};
         py::array data                       = owned_copy(view, selectors[cap.selector]);
         data.attr("flags").attr("writeable") = true;
