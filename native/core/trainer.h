@@ -135,9 +135,7 @@ private:
     // the rate of the step the next micro-batch completes, from the schedule; false if it raised
     bool schedule_next_step(ProgressScope & scope);
     RowPlan plan_of(const EpochRequest & request, llama_context * lctx) const;
-    // a packed step's targets, staged from the caller's tokens and weights and the plan's
-    // documents into arrays that keep their capacity (HOST-05); returns the weighted tokens
-    int64_t stage_packed_targets(const EpochRequest & r, const RowPlan & plan, const PlannedStep & step);
+    class EpochRun;  // one epoch call, by job (epoch.cpp)
 
     std::shared_ptr<Context> context_;
     OptimizerSettings opt_;
@@ -146,8 +144,9 @@ private:
     int64_t horizon_ = 0;
     float step_lr_   = 0.0f;  // the scheduled rate ggml's optimizer-parameter callback hands out
     bool fused_head_ = false;
-    Defects defects_;                  // the snapshot of the call in progress
-    std::vector<int32_t> staged_ids_;  // a packed step's target ids and weights
+    Defects defects_;  // the snapshot of the call in progress
+    // a packed step's target ids and weights, staged in arrays that keep their capacity (HOST-05)
+    std::vector<int32_t> staged_ids_;
     std::vector<float> staged_weights_;
 };
 
