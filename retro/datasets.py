@@ -44,6 +44,9 @@ class _Windows:
         if weights is not None:
             _checks.weights("dataset.weights", weights)
 
+    def _check_sequences(self, n_ubatch: int, sequences: int) -> None:
+        """The context's sequences hold what one micro-batch of the kind needs (one, but packed)."""
+
     @property
     def n_windows(self) -> int:
         return int(self.tokens.shape[0])
@@ -265,6 +268,14 @@ class PackedDataset(_Windows):
         if tokens.max() > _checks.INT32_MAX or tokens.min() < 0:
             raise ValueError("token ids must be in [0, 2**31)")
         return cls(tokens.astype(np.int32), members, w)
+
+    def _check_sequences(self, n_ubatch: int, sequences: int) -> None:
+        needed = self.sequences_needed(n_ubatch)
+        if needed > sequences:
+            raise ValueError(
+                f"one micro-batch of {n_ubatch} tokens touches up to {needed} documents, and this context has "
+                f"{sequences} sequence{'s' if sequences > 1 else ''}: create it with retro.Context(..., sequences={needed})"
+            )
 
     def sequences_needed(self, n_ubatch: int) -> int:
         """The most documents one micro-batch of ``n_ubatch`` tokens touches: the sequences a

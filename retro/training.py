@@ -17,7 +17,7 @@ from ._handle import NativeHandle
 from ._native_logs import forwarding
 from .checkpoint import Checkpoint
 from .context import Context
-from .datasets import Dataset, PackedDataset, _Windows
+from .datasets import Dataset, _Windows
 from .errors import InvalidStateError, PoisonedTrainerError
 from .preflight import Budget, Preflight, check_budget, enforce
 
@@ -343,13 +343,7 @@ class Trainer(NativeHandle):
             dataset._check_ids(self.context.model.n_vocab)
         dataset._check_weights()
         _checks.integer("tokens per epoch", dataset.tokens.size, maximum=_checks.INT64_MAX)
-        if isinstance(dataset, PackedDataset):
-            needed, have = dataset.sequences_needed(n_ubatch), self.context.sequences
-            if needed > have:
-                raise ValueError(
-                    f"one micro-batch of {n_ubatch} tokens touches up to {needed} documents, and this context has "
-                    f"{have} sequence{'s' if have > 1 else ''}: create it with retro.Context(..., sequences={needed})"
-                )
+        dataset._check_sequences(n_ubatch, self.context.sequences)
         return dataset.n_windows - math.ceil(dataset.n_windows * frac) if frac else dataset.n_windows
 
     @forwarding
