@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import backends as backends_mod
 from . import gate as gates
-from . import registry, results
+from . import outcomes, registry, results
 
 CASES_DIR = Path(__file__).parent / "cases"
 INI = Path(__file__).parent / "pytest.ini"
@@ -346,7 +346,7 @@ def _run_all(
 
 
 #: what a clause some check cites may read under --gate covered: a clause no check cites yet, or
-#: one whose implemented part passes (results.PARTLY_IMPLEMENTED), reads "not covered" and does not
+#: one whose implemented part passes (outcomes.PARTLY_IMPLEMENTED), reads "not covered" and does not
 #: fail that gate; either still keeps the verdict at "not certified"
 COVERED_OK = ("pass", "expected failure", "not supported")
 
@@ -371,7 +371,7 @@ def _summarize(res: dict, out: Path, gate: str = "certified") -> int:
             for cid in res["selected"]
             if cid in cited
             and res["clauses"][cid][name] not in COVERED_OK
-            and not res["clause_details"][cid][name].startswith(results.PARTLY_IMPLEMENTED)
+            and not res["clause_details"][cid][name].startswith(outcomes.PARTLY_IMPLEMENTED)
         ]
         # what the gate let through short of a pass is said, never passed over in silence
         accepted = [

@@ -25,10 +25,7 @@ from pathlib import Path
 import pytest
 
 from . import backends as backends_mod
-from . import evidence, registry, results
-
-NOT_AVAILABLE = "not available: "
-NOT_SUPPORTED = "not supported: "
+from . import evidence, outcomes, registry, results
 
 
 @dataclass(frozen=True)
@@ -45,6 +42,7 @@ class CaseMeta:
     def __init__(self, case: str, clauses: list[str], variant: Variant) -> None:
         self.case, self.clauses, self.variant = case, clauses, variant
         self.outcome: str | None = None
+        self.ended_as: outcomes.Outcome | None = None  # how a check ended that neither passed nor failed
         self.message = ""
         self.duration = 0.0
         self.caught: dict[str, str] | None = None  # {clause, assertion} of a caught defect
@@ -59,7 +57,7 @@ _DISCOVERED = pytest.StashKey[dict]()
 
 def not_supported(reason: str) -> None:
     """End a check as "not supported" on this backend (kept apart from pass and fail)."""
-    pytest.skip(NOT_SUPPORTED + reason)
+    raise outcomes.NotSupported(reason)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -186,7 +184,7 @@ def backend(request: pytest.FixtureRequest):
     variant: Variant = request.param
     b = discovered(request.config)[variant.backend]
     if not b.available:
-        pytest.skip(NOT_AVAILABLE + b.reason)
+        raise outcomes.NotAvailable(b.reason)
     from retro._native import hooks
 
     hooks.reset()
@@ -198,6 +196,16 @@ def backend(request: pytest.FixtureRequest):
         if variant.defect:
             hooks.set_defect(variant.defect, False)
         hooks.reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """An outcome that is neither pass nor fail is read by its type (outcomes.py), in any phase."""
+    report = yield
+    meta = item.stash.get(_META, None)
+    if meta is not None and call.excinfo is not None and isinstance(call.excinfo.value, outcomes.Outcome):
+        meta.ended_as = call.excinfo.value
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -281,14 +289,11 @@ class Recorder:
             meta.outcome = "fail"
             meta.message = (meta.message + "\n" if meta.message else "") + _failure_text(report)
         elif report.skipped and meta.outcome != "fail":
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            reason = reason.removeprefix("Skipped: ")
-            if reason.startswith(NOT_AVAILABLE):
-                meta.outcome, meta.message = "not available", reason[len(NOT_AVAILABLE) :]
-            elif reason.startswith(NOT_SUPPORTED):
-                meta.outcome, meta.message = "not supported", reason[len(NOT_SUPPORTED) :]
+            if meta.ended_as is not None:
+                meta.outcome, meta.message = meta.ended_as.code, meta.ended_as.reason
             else:
                 # a plain skip is no result: it must never read as a pass
+                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
                 meta.outcome, meta.message = "fail", f"skipped without a result code: {reason}"
         elif report.when == "call" and report.passed and meta.outcome is None:
             meta.outcome = "pass"

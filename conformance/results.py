@@ -1,12 +1,13 @@
-"""Results of a certification run: per-case result codes, per-clause status per backend, the
-verdict, and the three outputs (results.json, junit.xml, report.md). Everything is derived from
-the backends and the case records, so shards from several machines merge by re-aggregating."""
+"""The results package of a certification run: case records, expectations, per-clause status per
+backend, the verdict, merge, and writing the four files (results.json here; junit.xml, report.md
+and report.html by junit.py, markdown.py and html.py). Everything is derived from the backends
+and the case records, so shards from several machines merge by re-aggregating. The result codes
+are outcomes.py's."""
 
 from __future__ import annotations
 
 import json
 import tomllib
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,22 +16,10 @@ from retro import _gate
 from retro._gate import digest as digest  # the package's integrity: the trainer's gate checks it too
 from retro._gate import verify as verify
 
-from . import gate, html, registry
+from . import gate, html, junit, markdown, registry
+from .outcomes import CASE_CODES, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED
 
 SCHEMA = _gate.SCHEMA
-#: result codes of one case: the intact run's, and a seeded-defect run's (caught / survived)
-CASE_CODES = ("pass", "fail", "not supported", "crash", "expected failure", "not available", "caught", "survived")
-#: statuses of a clause on a backend; only "pass" counts towards "certified"
-CLAUSE_CODES = (
-    "pass",
-    "fail",
-    "crash",
-    "expected failure",
-    "not supported",
-    "not covered",
-    "not available",
-    "not selected",
-)
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
 
 
@@ -122,16 +111,6 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
                     c["message"] = f"unexpected pass: expectations/{c['backend']}.toml says {e.result} ({e.reason})"
         out.append(c)
     return out
-
-
-#: the reason of a clause whose implemented part passes while the binding lacks the rest
-PARTLY_IMPLEMENTED = "passes where implemented"
-
-
-#: the reasons a clause reads "not covered" because no check of it exists yet (or none of them was
-#: selected): the only "not covered" that a JUnit dashboard shows as skipped rather than failed
-NO_CHECK = "no check cites it"
-NO_CHECK_RAN = "no check citing it ran"
 
 
 def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | None = None) -> tuple[str, str]:
@@ -306,206 +285,6 @@ def merge(parts: list[dict]) -> dict:
 def write_all(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    write_junit(results, out / "junit.xml")
-    (out / "report.md").write_text(report_markdown(results), encoding="utf-8")
+    junit.write(results, out / "junit.xml")
+    (out / "report.md").write_text(markdown.report(results), encoding="utf-8")
     (out / "report.html").write_text(html.report_html(results), encoding="utf-8")
-
-
-#: a case run's JUnit element, for an intact run of a check: a failure or a crash there fails its
-#: clause, so a certified run shows none. A seeded-defect run is never a failure or an error: whether
-#: its defect was caught somewhere is the clause's verdict (<backend>.clauses); the run itself is a
-#: plain test case carrying its result code (a property and a line of system-out).
-JUNIT_CASE = {
-    "pass": None,
-    "fail": "failure",
-    "crash": "error",
-    "not supported": "skipped",
-    "not available": "skipped",
-    "expected failure": "skipped",
-}
-JUNIT_CLAUSE = {
-    "pass": None,
-    "fail": "failure",
-    "crash": "error",
-    "not covered": "failure",  # skipped only while no check exists (NO_CHECK, NO_CHECK_RAN)
-    "not supported": "skipped",
-    "expected failure": "skipped",
-    "not available": "skipped",
-    "not selected": "skipped",
-}
-
-
-def junit_case_element(outcome: str, defect: str | None) -> str | None:
-    if defect is not None:
-        if outcome == "survived" and registry.seeded("HARNESS-06"):  # seeded defect: a survival reads as a failure
-            return "failure"
-        return None
-    return JUNIT_CASE[outcome]
-
-
-def junit_clause_element(status: str, reason: str) -> str | None:
-    if status == "not covered" and reason in (NO_CHECK, NO_CHECK_RAN):
-        return "skipped"
-    return JUNIT_CLAUSE[status]
-
-
-def _junit_suite(
-    root: ET.Element, name: str, rows: list[tuple[str, str, float, str, str, str | None]], props: dict[str, str]
-) -> None:
-    """One testsuite: rows of (classname, name, seconds, result code, message, element). A row with
-    no element carries its result code as a property, and its message as system-out."""
-    kinds = [r[5] for r in rows]
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        name=name,
-        tests=str(len(rows)),
-        failures=str(kinds.count("failure")),
-        errors=str(kinds.count("error")),
-        skipped=str(kinds.count("skipped")),
-    )
-    p = ET.SubElement(suite, "properties")
-    for k, v in props.items():
-        ET.SubElement(p, "property", name=k, value=v)
-    for classname, label, seconds, code, message, element in rows:
-        tc = ET.SubElement(suite, "testcase", classname=classname, name=label, time=f"{seconds:.6f}")
-        if element == "skipped":
-            ET.SubElement(tc, "skipped", message=f"{code}: {message[:500]}")
-        elif element is not None:
-            ET.SubElement(tc, element, message=f"{code}: {message[:500]}").text = message
-        else:
-            ET.SubElement(ET.SubElement(tc, "properties"), "property", name="result", value=code)
-            if message:
-                ET.SubElement(tc, "system-out").text = f"{code}: {message}"
-
-
-def write_junit(results: dict, path: Path) -> None:
-    """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit: a
-    clause that does not pass is a failure, with the reason, or an error for a crash), and
-    `<backend>`, one per case run (each intact check and each seeded-defect run; only an intact
-    run's failure or crash is one there, and each such fails its clause too). A certified backend
-    shows no failure and no error in either suite."""
-    root = ET.Element("testsuites", name="retro-conformance")
-    for name, b in results["backends"].items():
-        props = {"status": b["status"], "verdict": results["verdict"][name]}
-        if b["status"] != "available":
-            props["reason"] = b.get("reason", "")
-        clause_rows = []
-        for cid, row in results["clauses"].items():
-            reason = results["clause_details"][cid][name]
-            element = junit_clause_element(row[name], reason)
-            if element in ("failure", "error"):
-                # what a person needs from the dashboard: each failing check and its assertion
-                reason += "".join(
-                    f"\n{c['id']}: {c['message']}"
-                    for c in results["cases"]
-                    if c["backend"] == name and c["defect"] is None and cid in c["clauses"]
-                    if c["outcome"] in ("fail", "crash")
-                )
-            clause_rows.append((f"{name}.clauses", cid, 0.0, row[name], reason, element))
-        _junit_suite(root, f"{name}.clauses", clause_rows, props)
-        case_rows = []
-        for c in (c for c in results["cases"] if c["backend"] == name):
-            label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
-            message = f"{' '.join(c['clauses'])}: {c['message']}"
-            case_rows.append(
-                (
-                    f"{name}.{c['id'].split('::')[0]}",
-                    label,
-                    c["duration_s"],
-                    c["outcome"],
-                    message,
-                    junit_case_element(c["outcome"], c["defect"]),
-                )
-            )
-        _junit_suite(root, name, case_rows, props)
-    ET.indent(root)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
-
-
-_MARK = {
-    "not selected": "-",
-    "pass": "pass",
-    "fail": "**FAIL**",
-    "crash": "**CRASH**",
-    "not covered": "not covered",
-    "not available": "n/a",
-    "not supported": "not supported",
-    "expected failure": "expected failure",
-}
-
-
-def report_markdown(results: dict) -> str:
-    names = list(results["backends"])
-    run = results["run"]
-    lines = ["# retro conformance report", ""]
-    lines += [f"- {fact}: `{value}`" for fact, value in html.run_facts(results)]
-    if "partial" in run:
-        lines.append(f"- partial: `{run['partial']}`")
-    if run.get("merged"):
-        lines.append(f"- merged from {run['shards']} shard(s)")
-    lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
-    for n in names:
-        b = results["backends"][n]
-        passing = sum(results["clauses"][c][n] == "pass" for c in results["selected"])
-        status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
-        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
-    failing = html.not_passing(results)
-    if failing:  # what a reader came for, before the matrix
-        lines += ["", "## Not passing", ""]
-        for cid, name, status, reason, checks in failing:
-            lines.append(f"- **{cid}** on {name}: {status}: {(reason.strip().splitlines() or [''])[0]}")
-            lines += [f"  - `` {check} ``" for check in checks]
-    lines += [
-        "",
-        "## Clauses",
-        "",
-        "| clause | " + " | ".join(names) + " | evidence |",
-        "|---|" + "---|" * len(names) + "---|",
-    ]
-    for cid, row in results["clauses"].items():
-        why = "; ".join(
-            dict.fromkeys(
-                results["clause_details"][cid][n] for n in names if row[n] not in ("not selected", "not available")
-            )
-        )
-        lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + f" | {why} |")
-    for decision in results.get("gates", {}).values():
-        lines += [
-            "",
-            f"## Gate: {decision['gate']}",
-            "",
-            f"**{decision['decision']}** on {', '.join(decision['targets'])}.",
-        ]
-        if decision["missing"]:
-            lines += ["", "Missing:", "", *[f"- {m}" for m in decision["missing"]]]
-        if decision["evidence"]:
-            lines += ["", "Evidence:", "", *[f"- {e}" for e in decision["evidence"]]]
-    bad = [c for c in results["cases"] if c["outcome"] in ("fail", "crash")]
-    if bad:
-        lines += ["", "## Failures", ""]
-        for c in bad:
-            label = c["id"] + (f" [defect {c['defect']}]" if c["defect"] else "")
-            lines += [
-                f"### {c['backend']}: {label} ({c['outcome']})",
-                "",
-                "Clauses: " + ", ".join(c["clauses"]),
-                "",
-                "```",
-                c["message"].strip() or "(no message)",
-                "```",
-                "",
-            ]
-    counts: dict[str, int] = {}
-    for c in results["cases"]:
-        counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
-    lines += [
-        "",
-        "## Cases",
-        "",
-        ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none ran",
-        "",
-        f"digest `{results['digest']}`",
-        "",
-    ]
-    return "\n".join(lines)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
-from retro.conformance import registry, results
+from retro.conformance import markdown, outcomes, registry, results
 
 AVAILABLE = {"status": "available", "reason": "", "devices": []}
 ABSENT = {"status": "not available", "reason": "not compiled into this build", "devices": []}
@@ -87,7 +88,7 @@ def test_a_partial_run_never_certifies():
         {"start_time": "t", "partial": "-k x"}, {"cpu": AVAILABLE}, proven("a", "BASE-02"), ["BASE-02"]
     )
     assert res["clauses"]["BASE-02"]["cpu"] == "pass" and res["verdict"]["cpu"] == "not certified"
-    assert "- partial: `-k x`" in results.report_markdown(res)
+    assert "- partial: `-k x`" in markdown.report(res)
 
 
 def test_expectations_turn_failures_into_expected_ones_and_passes_into_failures():
@@ -205,3 +206,12 @@ def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_pat
     assert counts == {"cpu.clauses": (1, 0, ["BASE-02"]), "cpu": (0, 0, [])}, counts
     message = ET.parse(tmp_path / "red" / "junit.xml").find(".//testcase[@name='BASE-02']/failure").get("message")
     assert escaped in message
+
+
+def test_the_schema_speaks_the_result_codes_of_outcomes():
+    """One vocabulary: the case and clause codes the schema allows are outcomes.py's, in order, and
+    each outcome type's code is a case code."""
+    schema = json.loads((Path(results.__file__).parent / "results.schema.json").read_text(encoding="utf-8"))
+    assert tuple(schema["$defs"]["caseCode"]["enum"]) == outcomes.CASE_CODES
+    assert tuple(schema["$defs"]["clauseCode"]["enum"]) == outcomes.CLAUSE_CODES
+    assert {outcomes.NotSupported.code, outcomes.NotAvailable.code} <= set(outcomes.CASE_CODES)

@@ -1,0 +1,120 @@
+"""junit.xml of a results package: what a CI dashboard reads must say what the verdict says."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from . import registry
+from .outcomes import NO_CHECK, NO_CHECK_RAN
+
+#: a case run's JUnit element, for an intact run of a check: a failure or a crash there fails its
+#: clause, so a certified run shows none. A seeded-defect run is never a failure or an error: whether
+#: its defect was caught somewhere is the clause's verdict (<backend>.clauses); the run itself is a
+#: plain test case carrying its result code (a property and a line of system-out).
+JUNIT_CASE = {
+    "pass": None,
+    "fail": "failure",
+    "crash": "error",
+    "not supported": "skipped",
+    "not available": "skipped",
+    "expected failure": "skipped",
+}
+JUNIT_CLAUSE = {
+    "pass": None,
+    "fail": "failure",
+    "crash": "error",
+    "not covered": "failure",  # skipped only while no check exists (NO_CHECK, NO_CHECK_RAN)
+    "not supported": "skipped",
+    "expected failure": "skipped",
+    "not available": "skipped",
+    "not selected": "skipped",
+}
+
+
+def case_element(outcome: str, defect: str | None) -> str | None:
+    if defect is not None:
+        if outcome == "survived" and registry.seeded("HARNESS-06"):  # seeded defect: a survival reads as a failure
+            return "failure"
+        return None
+    return JUNIT_CASE[outcome]
+
+
+def clause_element(status: str, reason: str) -> str | None:
+    if status == "not covered" and reason in (NO_CHECK, NO_CHECK_RAN):
+        return "skipped"
+    return JUNIT_CLAUSE[status]
+
+
+def _suite(
+    root: ET.Element, name: str, rows: list[tuple[str, str, float, str, str, str | None]], props: dict[str, str]
+) -> None:
+    """One testsuite: rows of (classname, name, seconds, result code, message, element). A row with
+    no element carries its result code as a property, and its message as system-out."""
+    kinds = [r[5] for r in rows]
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=name,
+        tests=str(len(rows)),
+        failures=str(kinds.count("failure")),
+        errors=str(kinds.count("error")),
+        skipped=str(kinds.count("skipped")),
+    )
+    p = ET.SubElement(suite, "properties")
+    for k, v in props.items():
+        ET.SubElement(p, "property", name=k, value=v)
+    for classname, label, seconds, code, message, element in rows:
+        tc = ET.SubElement(suite, "testcase", classname=classname, name=label, time=f"{seconds:.6f}")
+        if element == "skipped":
+            ET.SubElement(tc, "skipped", message=f"{code}: {message[:500]}")
+        elif element is not None:
+            ET.SubElement(tc, element, message=f"{code}: {message[:500]}").text = message
+        else:
+            ET.SubElement(ET.SubElement(tc, "properties"), "property", name="result", value=code)
+            if message:
+                ET.SubElement(tc, "system-out").text = f"{code}: {message}"
+
+
+def write(results: dict, path: Path) -> None:
+    """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit: a
+    clause that does not pass is a failure, with the reason, or an error for a crash), and
+    `<backend>`, one per case run (each intact check and each seeded-defect run; only an intact
+    run's failure or crash is one there, and each such fails its clause too). A certified backend
+    shows no failure and no error in either suite."""
+    root = ET.Element("testsuites", name="retro-conformance")
+    for name, b in results["backends"].items():
+        props = {"status": b["status"], "verdict": results["verdict"][name]}
+        if b["status"] != "available":
+            props["reason"] = b.get("reason", "")
+        clause_rows = []
+        for cid, row in results["clauses"].items():
+            reason = results["clause_details"][cid][name]
+            element = clause_element(row[name], reason)
+            if element in ("failure", "error"):
+                # what a person needs from the dashboard: each failing check and its assertion
+                reason += "".join(
+                    f"\n{c['id']}: {c['message']}"
+                    for c in results["cases"]
+                    if c["backend"] == name and c["defect"] is None and cid in c["clauses"]
+                    if c["outcome"] in ("fail", "crash")
+                )
+            clause_rows.append((f"{name}.clauses", cid, 0.0, row[name], reason, element))
+        _suite(root, f"{name}.clauses", clause_rows, props)
+        case_rows = []
+        for c in (c for c in results["cases"] if c["backend"] == name):
+            label = c["id"] + (f"[defect-{c['defect']}]" if c["defect"] else "")
+            message = f"{' '.join(c['clauses'])}: {c['message']}"
+            case_rows.append(
+                (
+                    f"{name}.{c['id'].split('::')[0]}",
+                    label,
+                    c["duration_s"],
+                    c["outcome"],
+                    message,
+                    case_element(c["outcome"], c["defect"]),
+                )
+            )
+        _suite(root, name, case_rows, props)
+    ET.indent(root)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
