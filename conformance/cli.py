@@ -259,6 +259,8 @@ def _partial(args: argparse.Namespace) -> str:
 def certify(args: argparse.Namespace) -> int:
     from retro._native import hooks
 
+    from . import warm_up
+
     if not hooks.seeded_defects and not args.no_defects:
         # a check is trusted only once its seeded defect has made it fail: without them none can pass
         raise ValueError(
@@ -293,6 +295,12 @@ def certify(args: argparse.Namespace) -> int:
                 runnable.append(name)
             else:
                 print(f"{name}: not available ({found[name].reason})", flush=True)
+        # kernels a device compiles on first use are compiled before any check runs (warm_up.py)
+        run["warm_up_s"] = {}
+        for name in (n for n in runnable if n != "cpu"):
+            seconds, failure = warm_up.warm(name, tmp / "warm-up" / name, _child_env(args, env_of(name, 0)))
+            run["warm_up_s"][name] = seconds
+            print(f"{name}: warmed up in {seconds:g} s" + (f" (it failed, {failure})" if failure else ""), flush=True)
         cases = _run_all(runnable, args, tmp, env_of, jobs)
     expectations = {n: results.load_expectations(n) for n in requested}
     if not (args.clauses or args.keyword or args.exitfirst):  # only a full run can tell an entry is stale

@@ -76,6 +76,8 @@ def run_facts(results: dict) -> list[tuple[str, str]]:
             facts += [(f"{where}{k}", str(shard[k])) for k in ("python", "platform", "selection") if k in shard]
         if shard.get("build_config"):
             facts.append((f"{where}build", ", ".join(f"{k}={v}" for k, v in shard["build_config"].items())))
+        if shard.get("warm_up_s"):
+            facts.append((f"{where}warm-up", ", ".join(f"{k} {v:g} s" for k, v in shard["warm_up_s"].items())))
     for name, b in results["backends"].items():
         devices = [d.get("description") or d.get("name") for d in b.get("devices", [])] or [b.get("device")]
         if any(devices):

@@ -79,6 +79,8 @@ def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
     available = [n for n, b in res["backends"].items() if b["status"] == "available"]
     assert rc == 0 and all(res["verdict"][n] == "certified" for n in available), what_fell_short(res, log)
     assert res["clauses"]["HARNESS-05"]["cpu"] == res["clauses"]["HARNESS-07"]["cpu"] == "pass"
+    # every available backend but the CPU was warmed up before its checks, and the run says how long
+    assert set(res["run"]["warm_up_s"]) == set(available) - {"cpu"}, res["run"]
     decision = res["gates"]["topology-cache"]
     assert not [m for m in decision["missing"] if " on cpu: " in m], decision["missing"]
     for name in set(res["backends"]) - set(available):
@@ -86,6 +88,19 @@ def test_certify_everything_is_honest_about_what_is_missing(tmp_path):
         assert set(res["clauses"][c][name] for c in res["clauses"]) <= {"not available"}
         assert decision["decision"] == "refuse"
         assert any(m.startswith(f"{name}: not available") for m in decision["missing"]), decision["missing"]
+
+
+def test_the_warm_up_runs_the_checks_operations(tmp_path):
+    """The warm-up's workload (decode, generate, both heads, packed documents) runs through the
+    public API in a child interpreter, as certify starts it: a warm-up that failed would leave the
+    kernels to be compiled inside the checks, silently."""
+    done = subprocess.run(
+        [sys.executable, "-m", "retro.conformance.warm_up", "cpu", str(tmp_path / "new-folder")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_requested_backend_that_is_absent_is_not_a_pass(tmp_path):

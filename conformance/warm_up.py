@@ -1,0 +1,74 @@
+"""A backend's first use, made before its checks run: the kernels a driver compiles on first use
+are compiled here, once, into its own cache, and not inside a check.
+
+Mesa's lavapipe compiles every Vulkan pipeline through LLVM when it is first used and keeps the
+result in its shader cache: from a cold cache a tiny model's first decode took 55 s and its first
+epoch 79 s on two cores, 0.2 s and 0.6 s once cached. A check that starts a child interpreter with a
+deadline (TX-OWN-03, TX-OWN-04) could run into that compile on a fresh machine and fail for want of
+time, not of a contract. The warm-up runs in a child interpreter of its own, as the checks do, with
+the run's environment; what it computes is not evidence, and its time is recorded in the run
+(`warm_up_s`). Run as ``python -m retro.conformance.warm_up BACKEND FOLDER``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import retro
+
+from . import support
+from .backends import discover
+
+
+def _workload(backend_name: str, folder: Path) -> None:
+    """The operations of the checks at the shapes they use: a device may pick (and compile) a kernel
+    per shape, such as Vulkan's matrix-vector kernel per column count up to 8. Decodes of 1 to 9,
+    16, 64 and 256 tokens, a generation, and training on each head with an evaluation tail at
+    micro-batches of 64 and 256 tokens, and on packed documents, on the default tiny model."""
+    backend = discover()[backend_name]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = support.model_file(folder, 0)
+    with support.load(backend, path) as model:
+        dense = support.windows(2, 256, model.n_vocab, 0)
+        for n_ubatch in (64, 256):
+            with support.context(model, n_ubatch=n_ubatch) as ctx:
+                for n in (*range(1, 10), 16, 64, 256):
+                    ctx.reset()
+                    ctx.decode(np.arange(n, dtype=np.int32) % model.n_vocab)
+                ctx.reset()
+                ctx.generate([1, 2, 3], 4)
+                ctx.reset()
+                for head in ("dense", "fused"):
+                    with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), head=head) as trainer:
+                        trainer.epoch(dense, val_fraction=0.5)
+        with support.context(model, n_ubatch=64, sequences=4) as ctx:
+            tokens = np.arange(400, dtype=np.int32) % model.n_vocab
+            packed = retro.PackedDataset.pack([tokens[:100], tokens[100:250], tokens[250:]], width=256)
+            with retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-3)) as trainer:
+                trainer.epoch(packed)
+
+
+def warm(backend_name: str, folder: Path, env: dict[str, str]) -> tuple[float, str]:
+    """Run the workload on the backend in a child interpreter: its wall time in seconds, and how
+    it failed ("" when it did not). A failure is not a verdict: the checks meet the same fault and
+    report it as theirs; the caller says that the kernels were left to them."""
+    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+    start = time.monotonic()
+    done = subprocess.run(
+        [*python, "-m", "retro.conformance.warm_up", backend_name, str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        check=False,
+    )
+    failure = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+    return round(time.monotonic() - start, 1), failure
+
+
+if __name__ == "__main__":
+    _workload(sys.argv[1], Path(sys.argv[2]))
