@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
+
+from retro import _child
 
 from . import registry
 
@@ -101,8 +102,7 @@ def discover() -> dict[str, Backend]:
 def discover_isolated(env: dict[str, str] | None = None) -> dict[str, Backend]:
     """discover() in a child interpreter (its GPU runtimes and connections die with it)."""
     done = subprocess.run(
-        # -P: this installation, not a source tree in the working directory
-        [sys.executable, "-P", *(["-S"] if sys.flags.no_site else []), "-m", "retro.conformance.backends"],
+        _child.python("-m", "retro.conformance.backends"),
         env=env,
         capture_output=True,
         text=True,

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from retro import _child
+
 from . import backends as backends_mod
 from . import gate as gates
 from . import outcomes, registry, results
@@ -97,10 +99,7 @@ def _run_watched(
 
 def _pytest_command(name: str, args: argparse.Namespace) -> list[str]:
     """The child pytest of a certification on backend `name`: its own plugins and settings."""
-    cmd = [
-        sys.executable,
-        # an interpreter started without site (-S, a build picked by PYTHONPATH) starts its children so
-        *(["-S"] if sys.flags.no_site else []),
+    cmd = _child.python(
         "-m",
         "pytest",
         str(args.cases),
@@ -117,7 +116,7 @@ def _pytest_command(name: str, args: argparse.Namespace) -> list[str]:
         "_hypothesis_pytestplugin",
         f"--backend={name}",
         f"--retro-seed={args.seed}",
-    ]
+    )
     if args.clauses:
         cmd.append(f"--clauses={args.clauses}")
     if args.no_defects:

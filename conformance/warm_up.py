@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import retro
+from retro import _child
 
 from . import support
 from .backends import discover
@@ -56,10 +57,9 @@ def warm(backend_name: str, folder: Path, env: dict[str, str]) -> tuple[float, s
     """Run the workload on the backend in a child interpreter: its wall time in seconds, and how
     it failed ("" when it did not). A failure is not a verdict: the checks meet the same fault and
     report it as theirs; the caller says that the kernels were left to them."""
-    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
     start = time.monotonic()
     done = subprocess.run(
-        [*python, "-m", "retro.conformance.warm_up", backend_name, str(folder)],
+        _child.python("-m", "retro.conformance.warm_up", backend_name, str(folder)),
         env=env,
         capture_output=True,
         text=True,

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _child
+
 if TYPE_CHECKING:
     import retro
     from retro.devices import Device
@@ -317,7 +319,7 @@ def _policy_worker(model: Path, policy: str) -> subprocess.Popen[str]:
     env = {**os.environ, **extra}
     env.pop("RETRO_THREADS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-c", WORKLOAD, str(model), str(threads or 0)],
+        _child.python("-c", WORKLOAD, str(model), str(threads or 0)),
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -337,7 +339,7 @@ def under_load(model: Path, *, reps: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     try:
         for hogs in (0, 1, 2):
-            spinners = [subprocess.Popen([sys.executable, "-c", HOG, "900"]) for _ in range(hogs)]
+            spinners = [subprocess.Popen(_child.python("-c", HOG, "900")) for _ in range(hogs)]
             samples: dict[str, list[float]] = {policy: [] for policy in POLICIES}
             try:
                 time.sleep(0.3)
@@ -512,7 +514,7 @@ def heads_compare(model: Path, k: int, *, reps: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for head in times:
         code = f"import json, sys; from retro.bench import head_peak; print(json.dumps(head_peak(sys.argv[1], {head!r}, {k})))"
-        run = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True, check=True)
+        run = subprocess.run(_child.python("-c", code, str(model)), capture_output=True, text=True, check=True)
         peak = json.loads(run.stdout.strip().splitlines()[-1])
         out[f"{head}_s_per_micro_batch"] = statistics.median(times[head])
         out[f"{head}_host_label_bytes"] = peak["host_label_bytes"]

@@ -26,7 +26,7 @@ import time
 from types import TracebackType
 from typing import IO
 
-from . import _checks, _native
+from . import _checks, _child, _native
 from .devices import Device, devices
 from .errors import BackendError
 
@@ -98,12 +98,9 @@ class Server:
     def start(self) -> Server:
         if self.running:
             raise RuntimeError("the server is already running")
-        # -P: this installation of retro, never a source tree that happens to be the working
-        # directory; an interpreter started without site (-S) starts its server so
-        flags = ["-P", *(["-S"] if sys.flags.no_site else [])]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs; kill() closes it
         self.process = subprocess.Popen(
-            [sys.executable, *flags, "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)],
+            _child.python("-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             # glibc maps every allocation of 128 KiB or more on its own (no threshold that grows

@@ -6,14 +6,13 @@ of the model offloaded, and a backend without a device reads "not available"."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import retro
 import retro.rpc
-from retro import _native
+from retro import _child, _native
 from retro.conformance import backends, support
 from retro.conformance.evidence import against_oracle, bound, expect
 from retro.conformance.plugin import not_supported
@@ -135,7 +134,7 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
 def _serves_as_its_help_says() -> None:
     """The command a user starts each further server with says how to start it and what it serves,
     and refuses a thread count it cannot serve with before it listens."""
-    run = [sys.executable, "-P", *(["-S"] if sys.flags.no_site else []), "-m", "retro.rpc"]
+    run = _child.python("-m", "retro.rpc")
     helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(helped.stdout.split())
     expect(

@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -23,7 +22,7 @@ import pytest
 
 import retro
 import retro.rpc
-from retro import _native
+from retro import _child, _native
 from retro.conformance import backends, support
 from retro.conformance.cases._transactions import (
     CHILD_SCRIPT,
@@ -66,13 +65,11 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
     exits cleanly (no exception swallowed on the way)."""
     env = dict(os.environ)
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
-    # -S as this interpreter has it (a site view of a separate build), so the child imports this retro
-    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
     # the waiting call is an RPC handshake: a build without the RPC backend has none to wait in
     waits = ("mid-call",) if _native.rpc_built() else ()
     for mode in ("close", "gc", "exit", "mid-use", *waits):
         run = subprocess.run(
-            [*python, "-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects],
+            _child.python("-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects),
             capture_output=True,
             text=True,
             timeout=120,
@@ -241,14 +238,14 @@ SERIALIZED_CHILD = textwrap.dedent(
 
 
 def _serialized_child(
-    python: list[str], running: str, model_path, backend: str, defects: str, env: dict[str, str]
+    running: str, model_path, backend: str, defects: str, env: dict[str, str]
 ) -> tuple[int | None, str, str]:
     """The child's exit status (None: it hung, and was killed after CHILD_TIMEOUT_S), its output
     and its error output."""
     args = [running, str(model_path), backend, defects, str(PARK_S), json.dumps(RUNNING[running])]
     try:
         done = subprocess.run(
-            [*python, "-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)],
+            _child.python("-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)),
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
@@ -273,14 +270,13 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
     interpreter, so that a crash (a close that freed the scheduler under the running compute) is
     its exit status, with the pair it was making."""
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
-    python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
     with contextlib.ExitStack() as stack:
         env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
         if backend.name == "rpc":
             # a server of its own: two threads talking over one link at once (the seeded defect)
             # can send the server commands that stop it, and the run's other checks use the shared one
             env[backends.RPC_SERVERS_ENV] = stack.enter_context(retro.rpc.Server()).endpoint
-        status, stdout, stderr = _serialized_child(python, running, model_path, backend.name, defects, env)
+        status, stdout, stderr = _serialized_child(running, model_path, backend.name, defects, env)
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{") and line.endswith("}")]
     pairs = {r["pair"]: r for r in lines if "pair" in r}
     last = next((r["starting"] for r in reversed(lines) if "starting" in r), None)
