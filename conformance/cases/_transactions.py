@@ -80,7 +80,7 @@ def rows_of(captures, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 CHILD_SCRIPT = textwrap.dedent(
     """
-    import gc, os, sys, threading, time
+    import gc, logging, os, sys, threading, time
     import retro, retro._native as native
     from retro.conformance import backends, support
     from retro.transactions import Profile, TensorTransactions
@@ -91,14 +91,25 @@ CHILD_SCRIPT = textwrap.dedent(
     backend = backends.discover()[backend_name]
 
     in_handler = threading.Event()
+    # every native log line, whichever thread takes it from the queue: a binding call drains the
+    # queue into the retro.native logger (another thread's decode may take the line llama_free logs)
+    forwarded = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            forwarded.append(record.getMessage())
+    native_logger = logging.getLogger("retro.native")
+    native_logger.setLevel(logging.DEBUG)
+    native_logger.propagate = False
+    native_logger.addHandler(Keep())
 
     class Handler:
         def __call__(self, t):
             in_handler.set()
             time.sleep(0.01)
-        def __del__(self, write=os.write, logs=native.drain_logs):
+        def __del__(self, write=os.write, logs=native.drain_logs, forwarded=forwarded):
             # llama.cpp's destructor logs from ~llama_context; the state is released after it
-            freed = any("~llama_context" in line for _, line in logs())
+            lines = [line for _, line in logs()] + list(forwarded)
+            freed = any("~llama_context" in line for line in lines)
             write(1, b"native-context-freed-first\\n" if freed else b"state-freed-first\\n")
 
     model = support.load(backend, __import__("pathlib").Path(path), trainable=False)
@@ -107,6 +118,7 @@ CHILD_SCRIPT = textwrap.dedent(
                         transactions=TensorTransactions(profile, [profile.select("l_out-0")], Handler()))
     ctx.decode(list(range(3, 13)))
     native.drain_logs()
+    forwarded.clear()
     if mode == "close":
         ctx.close()
     elif mode == "gc":
