@@ -65,8 +65,10 @@ Generation generate(Context & target, const std::vector<int32_t> & prompt, int32
         return g.interrupted;
     };
     auto failed = [&g](Context & c, int32_t rc) {
-        g.status = rc;
-        g.failed = &c;
+        if (rc != 0) {  // a failed transaction fails its decode too: the decode_end hook says so
+            g.status = rc;
+            g.failed = &c;
+        }
         return rc != 0;
     };
     std::unique_ptr<llama_sampler, void (*)(llama_sampler *)> sampler(nullptr, llama_sampler_free);
