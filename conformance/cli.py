@@ -297,7 +297,9 @@ def certify(args: argparse.Namespace) -> int:
         # kernels a device compiles on first use are compiled before any check runs (warm_up.py)
         run["warm_up_s"] = {}
         for name in (n for n in runnable if n != "cpu"):
-            seconds, failure = warm_up.warm(name, tmp / "warm-up" / name, _child_env(args, env_of(name, 0)))
+            seconds, failure = warm_up.warm(
+                name, tmp / "warm-up" / name, _child_env(args, env_of(name, 0)), args.case_timeout
+            )
             run["warm_up_s"][name] = seconds
             print(f"{name}: warmed up in {seconds:g} s" + (f" (it failed, {failure})" if failure else ""), flush=True)
         cases = _run_all(runnable, args, tmp, env_of, jobs)

@@ -222,14 +222,14 @@ def case_key(c: dict) -> tuple[str, str, str, str]:
 
 def comparable(results: dict) -> dict:
     """A results package less what differs between two runs of one build on one machine by time
-    and scheduling alone: when and how long (durations, the checks' timing measurements and the
+    and scheduling alone: when and how long (durations, the warm-ups, the checks' timing measurements and the
     gate's figures from them), the digest, the command line, the RPC servers' endpoints, and what a
     caught defect's run measured (its assertion's text and oracle figures: a timing, a thread
     interleaving, a process-wide counter). Outcomes, statuses, the verdict, the gate's decision and
     every intact run's message and oracle figures are kept."""
     out = json.loads(json.dumps({k: v for k, v in results.items() if k != "digest"}))
     for run in (out["run"], *out["shards"]):
-        for key in ("start_time", "command", "host"):
+        for key in ("start_time", "command", "host", "warm_up_s"):
             run.pop(key, None)
     for b in out["backends"].values():
         b.pop("device", None)

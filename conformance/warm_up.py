@@ -53,20 +53,25 @@ def _workload(backend_name: str, folder: Path) -> None:
                 trainer.epoch(packed)
 
 
-def warm(backend_name: str, folder: Path, env: dict[str, str]) -> tuple[float, str]:
-    """Run the workload on the backend in a child interpreter: its wall time in seconds, and how
-    it failed ("" when it did not). A failure is not a verdict: the checks meet the same fault and
-    report it as theirs; the caller says that the kernels were left to them."""
+def warm(backend_name: str, folder: Path, env: dict[str, str], timeout_s: float) -> tuple[float, str]:
+    """Run the workload on the backend in a child interpreter, killed after timeout_s (a hung
+    driver must not hold the run): its wall time in seconds, and how it failed ("" when it did
+    not). A failure is not a verdict: the checks meet the same fault and report it as theirs; the
+    caller says that the kernels were left to them."""
     start = time.monotonic()
-    done = subprocess.run(
-        _child.python("-m", "retro.conformance.warm_up", backend_name, str(folder)),
-        env=env,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        check=False,
-    )
-    failure = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+    try:
+        done = subprocess.run(
+            _child.python("-m", "retro.conformance.warm_up", backend_name, str(folder)),
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            check=False,
+            timeout=timeout_s,
+        )
+        failure = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+    except subprocess.TimeoutExpired:
+        failure = f"killed after {timeout_s:g} s"
     return round(time.monotonic() - start, 1), failure
 
 

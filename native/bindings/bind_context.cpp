@@ -55,6 +55,16 @@ py::tuple generate(Context & c, const std::vector<int32_t> & prompt, int32_t max
     return py::make_tuple(g.tokens, g.decodes, g.drafted, g.accepted);
 }
 
+// A read of the context's state, under its call guard: a close from another thread cannot free
+// what it reads (a read from the thread inside a call, a callback's, nests).
+template <class Read>
+auto guarded(Read read) {
+    return [read](Context & self) {
+        Busy busy(self, CallGuard::Nesting::allowed);
+        return read(self);
+    };
+}
+
 }  // namespace
 
 void bind_context(py::module_ & m) {
@@ -86,7 +96,7 @@ void bind_context(py::module_ & m) {
                  }),
                  py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"),
                  py::arg("adaptive_threads"), py::arg("sequences"), py::arg("transactions") = nullptr)
-            .def_property_readonly("sequences", [](const Context & self) { return llama_n_seq_max(self.get()); })
+            .def_property_readonly("sequences", guarded([](Context & self) { return llama_n_seq_max(self.get()); }))
             // the packed batch of the last training step as llama.cpp holds it: (address of its
             // positions, positions, sequence ids)
             .def_property_readonly("packed_batch",
@@ -113,7 +123,7 @@ void bind_context(py::module_ & m) {
                                        return llama_opt_last_step_times(self.get()).n_forward_nodes;
                                    })
             .def_property_readonly("threads_now",
-                                   [](const Context & self) { return llama_n_threads_batch(self.get()); })
+                                   guarded([](Context & self) { return llama_n_threads_batch(self.get()); }))
             .def("close", &retro::close, py::call_guard<WithoutGil>())
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
             // (address, capacity in floats) of the training steps' host label rows
@@ -130,11 +140,11 @@ void bind_context(py::module_ & m) {
                                        Busy busy(self, CallGuard::Nesting::allowed);
                                        return llama_opt_sparse_target_capacity(self.get());
                                    })
-            .def_property_readonly("n_ctx", [](const Context & self) { return llama_n_ctx(self.get()); })
-            .def_property_readonly("n_batch", [](const Context & self) { return llama_n_batch(self.get()); })
-            .def_property_readonly("n_ubatch", [](const Context & self) { return llama_n_ubatch(self.get()); })
+            .def_property_readonly("n_ctx", guarded([](Context & self) { return llama_n_ctx(self.get()); }))
+            .def_property_readonly("n_batch", guarded([](Context & self) { return llama_n_batch(self.get()); }))
+            .def_property_readonly("n_ubatch", guarded([](Context & self) { return llama_n_ubatch(self.get()); }))
             .def_property_readonly("training_ubatch",
-                                   [](const Context & self) { return training_geometry(self.get()).n_ubatch; })
+                                   guarded([](Context & self) { return training_geometry(self.get()).n_ubatch; }))
             .def_readonly("n_past", &Context::n_past)
             .def_property_readonly("sequence_length",
                                    [](Context & self) {
@@ -166,15 +176,15 @@ void bind_context(py::module_ & m) {
                  })
             .def_property_readonly("transactions_address",
                                    [](const Context & self) { return (uintptr_t) self.transactions.get(); })
-            .def_property_readonly(
-                    "eval_callback_user_data",
-                    [](const Context & self) { return (uintptr_t) llama_get_eval_callback_user_data(self.get()); })
-            .def_property_readonly(
-                    "retained_bytes",
-                    [](const Context & self) { return self.transactions ? self.transactions->retained_bytes() : 0; })
-            .def_property_readonly(
-                    "decodes",
-                    [](const Context & self) { return self.transactions ? self.transactions->decodes() : 0; })
+            .def_property_readonly("eval_callback_user_data", guarded([](Context & self) {
+                                       return (uintptr_t) llama_get_eval_callback_user_data(self.get());
+                                   }))
+            .def_property_readonly("retained_bytes", guarded([](Context & self) {
+                                       return self.transactions ? self.transactions->retained_bytes() : 0;
+                                   }))
+            .def_property_readonly("decodes", guarded([](Context & self) {
+                                       return self.transactions ? self.transactions->decodes() : 0;
+                                   }))
             .def("sequence_state",
                  [](Context & self) {
                      std::string state;

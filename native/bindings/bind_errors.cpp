@@ -32,21 +32,21 @@ namespace {
 // and that unwinding aborts the process in C++ frames). Leaked: it must outlive finalization.
 py::dict * g_error_classes = nullptr;
 
-py::handle error_class(ErrorKind kind) {
+py::object error_class(ErrorKind kind) {
     if (g_error_classes) {
         if (PyObject * cls = PyDict_GetItemString(g_error_classes->ptr(), python_class_of(kind))) {
-            return cls;
+            return py::reinterpret_borrow<py::object>(cls);
         }
     }
     // retro.errors not imported yet (it imports this module first)
-    return py::object(py::module_::import("retro.errors").attr(python_class_of(kind))).release();
+    return py::module_::import("retro.errors").attr(python_class_of(kind));
 }
 
 // The one Python error of a failed context call: its class, with the failed transaction's fields
 // (read as `failure`, retro/errors.py) and a generation's `tokens` where the core reported them.
 // Made in C calls only: no Python code runs here, so a daemon thread never gives up the GIL.
 void raise(const CallError & e) {
-    py::handle cls = error_class(e.kind);
+    py::object cls = error_class(e.kind);
     try {
         py::object error = cls(e.what());
         if (e.failure) {

@@ -21,6 +21,7 @@ std::unique_ptr<tx::Transactions> PendingTransactions::fresh_copy() const {
 }
 
 std::unique_ptr<tx::Transactions> PendingTransactions::take() {
+    std::lock_guard<std::mutex> lock(taking);
     if (!state) {
         if (retro_defect_on(RETRO_DEFECT_TX_OWN_04)) {  // seeded defect: a second owner gets its own copy
             return fresh_copy();

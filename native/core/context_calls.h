@@ -9,6 +9,7 @@
 #include "transactions.h"
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ struct PendingTransactions {
     std::unique_ptr<tx::Transactions> state;  // until a context takes it
     tx::Transactions * original = nullptr;    // its address, for the record
     std::unique_ptr<tx::Transactions> keep;   // seeded defect TX-OWN-02 only
+    std::mutex taking;                        // two contexts opened at once: one takes them
 
     PendingTransactions(std::vector<tx::Selector> selectors, tx::Handler handler, size_t limit);
     std::unique_ptr<tx::Transactions> take();

@@ -219,13 +219,15 @@ RowPlan Trainer::plan(const EpochRequest & r) {
 // computes, account and notify follow each step, wind_down and finish end the call.
 class Trainer::EpochRun {
 public:
+    EpochRun(const EpochRun &)             = delete;  // its step source points into its plan
+    EpochRun & operator=(const EpochRun &) = delete;
     EpochRun(Trainer & t, const EpochRequest & r)
         : t_(t),
           r_(r),
           lctx_(t.ctx()),
+          opt_(usable_optimizer(r, lctx_)),
           defect_(t.defects_ = Defects::current()),
-          plan_(t.plan_of(r, lctx_)),  // checks the request; once per call (HOST-03): the loop only iterates it
-          opt_(usable_optimizer(lctx_)),
+          plan_(t.plan_of(r, lctx_)),  // once per call (HOST-03): the loop only iterates it
           hooks_(defect_, t.context_->model->get()),
           guard_(std::make_shared<ProgressScope>(ProgressScope{lctx_, r.progress, nullptr})),
           scope_(guard_.scope()),
@@ -290,7 +292,10 @@ public:
     }
 
 private:
-    static ggml_opt_context_t usable_optimizer(llama_context * lctx) {
+    // the request's own checks first, then a poisoned trainer's refusal, before anything is planned
+    static ggml_opt_context_t usable_optimizer(const EpochRequest & r, llama_context * lctx) {
+        const TrainingGeometry geometry = training_geometry(lctx);
+        check_request(r, geometry.n_ctx, geometry.n_ubatch);
         ggml_opt_context_t opt = llama_opt_get_context(lctx);
         if (ggml_opt_backend_failed(opt)) {
             throw training_error(LLAMA_OPT_STATUS_POISONED);
@@ -423,9 +428,9 @@ private:
     Trainer & t_;
     const EpochRequest & r_;
     llama_context * lctx_;
+    ggml_opt_context_t opt_;
     const Defects & defect_;
     RowPlan plan_;
-    ggml_opt_context_t opt_;
     LoopDefects hooks_;
     ScopeGuard guard_;
     ProgressScope & scope_;

@@ -22,7 +22,7 @@ namespace retro {
 struct Model {
     llama_model * model = nullptr;
     bool trainable      = false;
-    int open_contexts   = 0;  // contexts created on this model and not yet closed
+    std::atomic<int> open_contexts{0};  // contexts created on this model and not yet closed (any thread)
 
     ~Model() {
         if (model) {
