@@ -360,11 +360,35 @@ def _run_all(
 COVERED_OK = ("pass", "expected failure", "not supported")
 
 
+#: the lines that say why a backend is not certified, before the rest is left to report.md
+WHY_SHOWN = 10
+
+
+def _why_not_certified(res: dict, name: str, limit: int = WHY_SHOWN) -> list[str]:
+    """Each selected clause short of a pass on `name`, with why, and the first line of the message of
+    each of its checks that failed or crashed: the last lines of a CI log name what failed."""
+    lines = []
+    for cid in res["selected"]:
+        status = res["clauses"][cid][name]
+        if status == "pass":
+            continue
+        lines.append(f"  {cid} {status}: {res['clause_details'][cid][name]}")
+        for case in res["cases"]:  # the details name escaped defects with their cases already
+            if case["backend"] == name and cid in case["clauses"] and not case["defect"] and case["outcome"] in FAILED:
+                first = (case["message"] or "").strip().splitlines()[:1]
+                lines.append(f"    {case['outcome']}: {case['id']}" + (f": {first[0][:300]}" if first else ""))
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"  ... {len(lines) - limit} more lines in report.md"]
+    return lines
+
+
 def _summarize(res: dict, out: Path, gate: str = "certified") -> int:
     for name, verdict in res["verdict"].items():
         row = [res["clauses"][c][name] for c in res["selected"]]
         counts = ", ".join(f"{row.count(s)} {s}" for s in dict.fromkeys(row))
         print(f"{name}: {verdict} ({counts})")
+        if verdict == "not certified":
+            print("\n".join(_why_not_certified(res, name)))
     for decision in res.get("gates", {}).values():
         print("\n".join(gates.summary(decision)))
     print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}, {out / 'report.html'}")

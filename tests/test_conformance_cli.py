@@ -173,6 +173,47 @@ def test_bad_arguments_exit_2(tmp_path):
     assert rc == 2 and "unknown backend" in log
 
 
+def _case(clauses: list[str], outcome: str = "pass", message: str = "", defect: str | None = None) -> dict:
+    """A case record as results.json holds it, on the CPU."""
+    return {
+        "id": "test_x.py::test_y",
+        "clauses": clauses,
+        "backend": "cpu",
+        "defect": defect,
+        "outcome": outcome,
+        "message": message,
+    }
+
+
+def test_the_summary_says_why_a_backend_is_not_certified(tmp_path, capsys) -> None:
+    """The lines after a backend's verdict name each clause short of a pass and the first line of
+    each failed check's message, so the end of a log says what failed; a certified backend gets none."""
+    from retro.conformance import cli
+
+    res = {
+        "verdict": {"cpu": "not certified"},
+        "selected": ["BASE-01", "BASE-02", "HOST-01"],
+        "clauses": {"BASE-01": {"cpu": "fail"}, "BASE-02": {"cpu": "pass"}, "HOST-01": {"cpu": "not covered"}},
+        "clause_details": {c: {"cpu": f"why {c}"} for c in ("BASE-01", "BASE-02", "HOST-01")},
+        "cases": [
+            _case(["BASE-01"], "fail", "AssertionError: loss 2.5 != 2.4\nmore lines"),
+            _case(["BASE-01"], "survived", "escaped", defect="BASE-01"),
+            _case(["BASE-02"]),
+        ],
+    }
+    assert cli._summarize(res, tmp_path) == 1
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("cpu: not certified (1 fail, 1 pass, 1 not covered)")
+    assert out[at + 1 : at + 4] == [
+        "  BASE-01 fail: why BASE-01",
+        "    fail: test_x.py::test_y: AssertionError: loss 2.5 != 2.4",
+        "  HOST-01 not covered: why HOST-01",
+    ]
+    res["verdict"]["cpu"] = "certified"
+    cli._summarize(res, tmp_path)
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+
+
 def test_the_covered_gate_fails_only_on_clauses_a_check_cites(tmp_path) -> None:
     from retro.conformance import cli
 
@@ -182,7 +223,7 @@ def test_the_covered_gate_fails_only_on_clauses_a_check_cites(tmp_path) -> None:
             "selected": ["BASE-01", "HOST-01"],
             "clauses": {"BASE-01": {"cpu": status}, "HOST-01": {"cpu": "not covered"}},
             "clause_details": {"BASE-01": {"cpu": detail}, "HOST-01": {"cpu": "no check cites it"}},
-            "cases": [{"clauses": ["BASE-01"]}],
+            "cases": [_case(["BASE-01"])],
         }
 
     assert cli._summarize(res("pass"), tmp_path, "covered") == 0
@@ -219,7 +260,7 @@ def test_the_covered_gate_says_what_it_accepted_short_of_a_pass(tmp_path, capsys
         "selected": list(statuses),
         "clauses": {c: {"cpu": s} for c, s in statuses.items()},
         "clause_details": {c: {"cpu": f"why {c}"} for c in statuses},
-        "cases": [{"clauses": list(statuses)}],
+        "cases": [_case(list(statuses))],
     }
     assert cli._summarize(res, tmp_path, "covered") == 1
     out, err = capsys.readouterr()
