@@ -14,12 +14,12 @@ import subprocess
 from dataclasses import dataclass, field
 
 from retro import _child
+from retro.devices import BACKENDS, backend_name
 
 from . import registry
 
-KNOWN = ("cpu", "rpc", "cuda", "vulkan")  # the backends this project builds (CMakeLists.txt)
-# ggml backend registry names, lowercased, to our names
-_REG_NAMES = {"cpu": "cpu", "rpc": "rpc", "cuda": "cuda", "vulkan": "vulkan"}
+#: the backends this project builds, by our names (retro.devices.BACKENDS)
+KNOWN = tuple(BACKENDS.values())
 #: comma-separated host:port of the RPC servers a certification child connects to
 RPC_SERVERS_ENV = "RETRO_CONFORMANCE_RPC_SERVERS"
 
@@ -64,9 +64,7 @@ def classify(built: set[str], devices: list[dict]) -> dict[str, Backend]:
     retro.Device's fields): available only with a device of it."""
     found: dict[str, list[dict]] = {}
     for d in devices:
-        name = _REG_NAMES.get(d["backend"].lower())
-        if name:
-            found.setdefault(name, []).append(d)
+        found.setdefault(backend_name(d["backend"]), []).append(d)
     out = {}
     for name in KNOWN:
         if found.get(name) or (

@@ -474,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("certify", help="run the conformance suite and write results.json, junit.xml, report.md")
-    c.add_argument("--backend", default="cpu", help="cpu (default), rpc, cuda, vulkan or all; comma-separated")
+    c.add_argument(
+        "--backend", default="cpu", help=f"{', '.join(backends_mod.KNOWN)} or all, comma-separated (default cpu)"
+    )
     c.add_argument("--out", type=Path, default=Path("conformance-results"))
     c.add_argument(
         "--clauses",

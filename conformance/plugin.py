@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--backend",
         default=None,
-        help="backends to certify: cpu (default), rpc, cuda, vulkan, all; comma-separated",
+        help=f"backends to certify: {', '.join(backends_mod.KNOWN)} or all, comma-separated (default cpu)",
     )
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")

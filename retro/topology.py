@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import _checks
+from .devices import backends_of as _backends_of
 from .errors import TopologyGateError
 
 #: the fork's reasons (enum llama_opt_topology_reason), in its order: what a miss missed on (the
@@ -23,8 +24,6 @@ REASONS = ("empty", "geometry", "targets", "head", "kind", "trainable", "decode"
 MISSES = REASONS[:6]
 #: where a trainer looks for the gate's results package when none is given
 GATE_ENV = "RETRO_TOPOLOGY_GATE"
-#: ggml device name prefixes -> the conformance suite's backend names
-_BACKEND_OF = (("CPU", "cpu"), ("Vulkan", "vulkan"), ("CUDA", "cuda"), ("RPC", "rpc"))
 MODES = (False, True, "forced")
 
 
@@ -62,12 +61,7 @@ class TopologyCacheStats(NamedTuple):
 def backends_of(tensor_devices: dict[str, str]) -> list[str]:
     """The conformance backends a model runs on, from the devices its weights live on (the CPU
     always)."""
-    found = ["cpu"]
-    for device in tensor_devices.values():
-        name = next((b for prefix, b in _BACKEND_OF if device.startswith(prefix)), device.lower())
-        if name not in found:
-            found.append(name)
-    return found
+    return _backends_of(tensor_devices.values())
 
 
 def check_mode(mode: object) -> bool | str:

@@ -32,6 +32,21 @@ def test_devices_list_the_cpu_first():
     assert all(d.memory_total >= 0 for d in devs)
 
 
+def test_a_devices_backend_is_read_from_ggmls_registry():
+    """Every listed device maps to a backend of ours through its registry's name (retro.devices.BACKENDS,
+    the one table of them); a device name no device has matches none of ours."""
+    from retro.devices import BACKENDS, backend_name, backends_of
+
+    listed = retro.devices()
+    assert {d.backend for d in listed} <= set(BACKENDS)
+    assert backends_of(d.name for d in listed) == [
+        "cpu",
+        *dict.fromkeys(BACKENDS[d.backend] for d in listed if d.backend != "CPU"),
+    ]
+    assert backends_of(["Metal0"]) == ["cpu", "metal0"]
+    assert backend_name("SYCL") == "sycl"
+
+
 def test_missing_and_corrupt_files_raise_typed_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         retro.Model.load(tmp_path / "absent.gguf")
