@@ -137,6 +137,27 @@ def test_equivalence_rules_tell_an_annotation_and_a_line_by_the_one_above(tmp_pa
     assert not run.known_equivalent(mutant(snapshot, 3, "}}", "native/core/epoch.cpp"), known)
 
 
+def test_every_native_switch_form_in_the_sources_opens_a_branch_no_mutant_is_drawn_from():
+    """The runner knows a seeded-defect switch by one form: a call on a RETRO_DEFECT_ constant. Each
+    way the sources read a switch (the fork's retro_defect_on, the core's snapshot members) is
+    recognised, alone or &&-joined; a negated switch opens the intact path and is drawn from."""
+    import re
+
+    run = _runner()
+    sources = [
+        *(REPO / "native").rglob("*.cpp"),
+        *(REPO / "native").rglob("*.h"),
+        *(REPO / "vendor" / "patches").glob("*"),
+    ]
+    forms = {m for f in sources for m in re.findall(r"([\w.>-]+)\(RETRO_DEFECT_\w+\)", f.read_text())}
+    assert {"retro_defect_on", "defect_"} <= forms
+    for form in forms:
+        for cond in (f"{form}(RETRO_DEFECT_X)", f"{form}(RETRO_DEFECT_X) && n > 0", f"n > 0 && {form}(RETRO_DEFECT_X)"):
+            assert run.defect_bodies([f"    if ({cond}) {{\n", "        n = 0;\n", "    }\n"]) == {2}, cond
+        assert run.defect_bodies([f"    if (!{form}(RETRO_DEFECT_X)) {{\n", "        n = 0;\n", "    }\n"]) == set()
+        assert run.SKIP.search(f"    const bool on = {form}(RETRO_DEFECT_X);")
+
+
 def test_a_function_no_clause_governs_is_not_drawn_from():
     """A Python function named as uncontracted is left out whole, its decorators included; its
     neighbours and the module's other functions of other names are drawn from."""

@@ -122,12 +122,14 @@ UNCONTRACTED = {
     ),
 }
 # (opt_epoch_stop: the status upstream's loop reports where it stopped, see UNCONTRACTED)
-SKIP = re.compile(r"retro_defect_on|RETRO_DEFECT|defect\(|LLAMA_LOG|^\s*//|^\s*#|static_assert|opt_epoch_stop\(")
+SKIP = re.compile(r"RETRO_DEFECT_|LLAMA_LOG|^\s*//|^\s*#|static_assert|opt_epoch_stop\(")
 # Python: comments, the seeded-defect switches, and lines that only name types
 PY_SKIP = re.compile(r"^\s*#|seeded\(|^\s*(?:from|import) |TYPE_CHECKING|^\s*@overload")
 # an if (or else if) whose body is a block: its condition, up to the block's opening brace
 BLOCK_IF = re.compile(r"^\s*(?:\}\s*else\s+)?if\s*\((?P<cond>.*)\)\s*\{\s*(?://.*)?$")
-SWITCH = re.compile(r"^\(*\s*(?:retro_defect_on|defect)\(")
+# a seeded-defect switch, whatever reads it (retro_defect_on in the fork, a snapshot in the core): a
+# call whose argument is one of the switches' constants, the one form every native switch shares
+SWITCH = re.compile(r"^\(*\s*[\w.>-]+\(RETRO_DEFECT_\w+\)")
 
 
 def defect_bodies(text: list[str]) -> set[int]:
