@@ -139,7 +139,7 @@ def check_switches(compiled: list[str]) -> None:
     described = set(defects())
     if set(compiled) != described:
         raise ValueError(
-            "mutants.toml and fault_injection/native/retro-defects.def disagree: "
+            "mutants.toml and the switches this build was compiled with disagree (rebuild it): "
             f"undescribed {sorted(set(compiled) - described)}, without a switch {sorted(described - set(compiled))}"
         )
 

@@ -15,7 +15,7 @@ INT64_MAX = 2**63 - 1
 
 
 def seeded(defect: str) -> bool:
-    """True while the conformance suite has switched on this seeded defect (retro-defects.def);
+    """True while the conformance suite has switched on this seeded defect (conformance/mutants.toml);
     always False in a release build (RETRO_SEEDED_DEFECTS=OFF), which has no switches."""
     return _SWITCHES and bool(_native.hooks.defect_on(defect))
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -55,8 +55,7 @@ print(json.dumps({"digest": digest.hexdigest(), "metrics": metrics, "seeded_defe
 
 
 def _defect_ids() -> list[str]:
-    text = (REPO / "fault_injection" / "native" / "retro-defects.def").read_text()
-    return re.findall(r'^X\(\w+,\s*"([^"]+)"\)', text, flags=re.M)
+    return [d["id"] for d in tomllib.loads((REPO / "conformance" / "mutants.toml").read_text())["defect"]]
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ enum retro_site {
 
 enum retro_defect {
 #define X(id, clause) RETRO_DEFECT_##id,
-#include "retro-defects.def"
+#include "retro-defects.def"  // generated from conformance/mutants.toml (write_defect_switches.py)
 #undef X
     RETRO_DEFECT_COUNT
 };

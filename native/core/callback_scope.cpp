@@ -20,7 +20,7 @@ ScopeStack g_shared_scopes;
 std::recursive_mutex g_shared_mutex;
 
 ScopeStack & scopes() {
-    if (retro_defect_on(RETRO_DEFECT_CANCEL_08_SHARED)) {
+    if (retro_defect_on(RETRO_DEFECT_CANCEL_08_SHARED_STACK)) {
         return g_shared_scopes;
     }
     if (!t_scopes) {
@@ -30,8 +30,8 @@ ScopeStack & scopes() {
 }
 
 std::unique_lock<std::recursive_mutex> lock_if_shared() {
-    return retro_defect_on(RETRO_DEFECT_CANCEL_08_SHARED) ? std::unique_lock<std::recursive_mutex>(g_shared_mutex)
-                                                          : std::unique_lock<std::recursive_mutex>();
+    return retro_defect_on(RETRO_DEFECT_CANCEL_08_SHARED_STACK) ? std::unique_lock<std::recursive_mutex>(g_shared_mutex)
+                                                                : std::unique_lock<std::recursive_mutex>();
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The seeded-defect switches (fault_injection/native/retro-defects.def), read once per native call
+// The seeded-defect switches (one per defect of conformance/mutants.toml), read once per native call
 // into a snapshot so that the loop tests plain bools: nothing to pay while every switch is off.
 #pragma once
 

@@ -67,7 +67,7 @@ Context & Trainer::held() const {
 }
 
 std::optional<CallGuard> Trainer::training_call() {
-    if (retro_defect_on(RETRO_DEFECT_TX_OWN_04_TRAINING)) {
+    if (retro_defect_on(RETRO_DEFECT_TX_OWN_04_UNGUARDED_TRAINING)) {
         held();  // a closed trainer is still refused
         return std::nullopt;
     }
