@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -163,6 +164,30 @@ def test_native_log_lines_reach_python_logging(model_path, caplog):
             pass
     assert any(r.name == "retro.native" for r in caplog.records)
     assert all("\n" not in r.getMessage() for r in caplog.records if r.name == "retro.native")
+
+
+def test_the_log_mirror_writes_each_line_as_it_is_logged_and_the_queue_keeps_it(model_path, caplog):
+    """The test door's mirror (hooks.mirror_logs) writes every native line to its descriptor while
+    the call is still running; the queue still hands the same lines to Python logging."""
+    from retro import _native_logs
+    from retro._native import hooks
+
+    _native_logs.drain()  # what earlier calls left queued
+    read, write = os.pipe()
+    try:
+        hooks.mirror_logs(write)
+        with caplog.at_level(logging.DEBUG, logger="retro.native"):
+            with retro.Model.load(model_path, devices=[]) as m, retro.Context(m):
+                pass
+            _native_logs.drain()  # what the last call logged after its own drain
+    finally:
+        hooks.mirror_logs(-1)
+        os.close(write)
+    with os.fdopen(read, encoding="utf-8") as f:
+        mirrored = f.read().splitlines()
+    queued = [r.getMessage() for r in caplog.records if r.name == "retro.native"]
+    assert any("~llama_context" in line for line in mirrored)
+    assert mirrored == queued
 
 
 def test_decode_works_after_training_with_a_full_window_micro_batch(model):

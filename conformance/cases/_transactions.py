@@ -80,7 +80,7 @@ def rows_of(captures, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 CHILD_SCRIPT = textwrap.dedent(
     """
-    import gc, logging, os, sys, threading, time
+    import gc, os, sys, threading, time
     import retro, retro._native as native
     from retro.conformance import backends, support
     from retro.transactions import Profile, TensorTransactions
@@ -91,34 +91,22 @@ CHILD_SCRIPT = textwrap.dedent(
     backend = backends.discover()[backend_name]
 
     in_handler = threading.Event()
-    # every native log line, whichever thread takes it from the queue: a binding call drains the
-    # queue into the retro.native logger (another thread's decode may take the line llama_free logs)
-    forwarded = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            forwarded.append(record.getMessage())
-    native_logger = logging.getLogger("retro.native")
-    native_logger.setLevel(logging.DEBUG)
-    native_logger.propagate = False
-    native_logger.addHandler(Keep())
 
     class Handler:
         def __call__(self, t):
             in_handler.set()
             time.sleep(0.01)
-        def __del__(self, write=os.write, logs=native.drain_logs, forwarded=forwarded):
-            # llama.cpp's destructor logs from ~llama_context; the state is released after it
-            lines = [line for _, line in logs()] + list(forwarded)
-            freed = any("~llama_context" in line for line in lines)
-            write(1, b"native-context-freed-first\\n" if freed else b"state-freed-first\\n")
+        def __del__(self, write=os.write):
+            # released with the callback state: after llama.cpp's destructor line (~llama_context),
+            # which the native log mirror writes to the same descriptor as it is logged
+            write(1, b"state-released\\n")
 
     model = support.load(backend, __import__("pathlib").Path(path), trainable=False)
     profile = Profile.record(model)
     ctx = retro.Context(model, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1,
                         transactions=TensorTransactions(profile, [profile.select("l_out-0")], Handler()))
     ctx.decode(list(range(3, 13)))
-    native.drain_logs()
-    forwarded.clear()
+    native.hooks.mirror_logs(1)  # from here on, every native log line to stdout, in event order
     if mode == "close":
         ctx.close()
     elif mode == "gc":

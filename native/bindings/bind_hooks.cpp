@@ -1,5 +1,6 @@
 // retro._native.hooks: fault sites and seeded-defect switches (fault_injection/native/), by name.
 #include "bindings.h"
+#include "logging.h"
 #include "retro-hooks.h"
 
 #include <pybind11/stl.h>
@@ -77,6 +78,8 @@ void bind_hooks(py::module_ & m) {
             },
             py::arg("site"), py::arg("hit"), py::arg("microseconds"));
     hooks.def("stalling", &retro_fault_stalling);
+    // every native log line, as it is logged, also to this file descriptor (-1: off)
+    hooks.def("mirror_logs", &retro::mirror_logs, py::arg("fd"));
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
     hooks.def(

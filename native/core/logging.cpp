@@ -4,6 +4,9 @@
 #include "llama.h"
 #include "text.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <deque>
 #include <mutex>
 
@@ -18,9 +21,28 @@ std::vector<std::pair<int, std::string>> g_queue;
 std::deque<std::string> g_recent;
 std::string g_partial;  // text of a line not yet ended by '\n'
 int g_partial_level = GGML_LOG_LEVEL_INFO;
+std::atomic<int> g_mirror_fd{-1};
+
+// the line, as it is logged, to the mirror's file descriptor: the order of writes to one descriptor
+// is the order of events, whichever thread later drains the queue
+void mirror(const std::string & line) {
+    const int fd = g_mirror_fd.load(std::memory_order_relaxed);
+    if (fd < 0) {
+        return;
+    }
+    const std::string out = line + "\n";
+    for (size_t done = 0; done < out.size();) {
+        const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
+        if (n <= 0) {
+            return;  // a closed or full descriptor loses the mirror's copy, never the queued line
+        }
+        done += static_cast<size_t>(n);
+    }
+}
 
 void push_line(int level, std::string raw) {
     std::string line = valid_utf8(raw);
+    mirror(line);
     if (level >= GGML_LOG_LEVEL_WARN) {
         g_recent.push_back(line);
         if (g_recent.size() > kMaxRecent) {
@@ -58,6 +80,10 @@ std::vector<std::pair<int, std::string>> drain_logs() {
     std::vector<std::pair<int, std::string>> out;
     out.swap(g_queue);
     return out;
+}
+
+void mirror_logs(int fd) {
+    g_mirror_fd.store(fd, std::memory_order_relaxed);
 }
 
 std::vector<std::string> recent_errors() {

@@ -11,6 +11,9 @@ namespace retro {
 void install_log_sink();
 std::vector<std::pair<int, std::string>> drain_logs();
 std::vector<std::string> recent_errors();
+// A test's view of the log in event order (the conformance suite's door, retro._native.hooks): each
+// line is also written to `fd` as it is logged, on the logging thread; a negative fd stops it.
+void mirror_logs(int fd);
 void clear_recent_errors();
 
 }  // namespace retro
