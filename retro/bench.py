@@ -21,6 +21,9 @@
 - load: the training time of each CPU thread policy with 0, 1 and 2 background processes
   spinning on the CPU, against the same policy unloaded; one process per policy (OpenMP reads its
   settings once, at load), taking turns epoch by epoch.
+- release (with --release-site DIR, a release build pip-installed there with --target and
+  RETRO_SEEDED_DEFECTS=OFF): its training time against this build's, one process each at the
+  same thread count, taking turns epoch by epoch: what the seeded-defect switches cost.
 
 Writes JSON with ``--json``. Speed is measured here, never by timed tests.
 """
@@ -69,19 +72,20 @@ LOADED_MAX, UNLOADED_MAX = 2.0, 1.05
 WORKLOAD = r"""
 import sys, time, numpy as np, retro
 path, threads = sys.argv[1], (int(sys.argv[2]) or None)
+from retro._native import hooks
 with retro.Model.load(path, devices=[], trainable=True) as m, \
         retro.Context(m, n_ctx=256, n_ubatch=64, n_threads=threads) as c:
     stream = np.random.default_rng(0).integers(0, m.n_vocab, size=4 * 256 + 1)
     ds = retro.TokenDataset.from_tokens(stream, width=256)
     with retro.Trainer(c, optimizer=retro.AdamW()) as tr:
         tr.epoch(ds)  # warm-up
-        print("ready", flush=True)
+        print(f"ready seeded_defects={int(hooks.seeded_defects)}", flush=True)
         for _ in sys.stdin:
             t = time.perf_counter(); n = tr.epoch(ds).train_micro_batches
             print((time.perf_counter() - t) / n, flush=True)
 """
 
-SECTIONS = ("loop", "rebuild", "transactions", "packed", "heads", "soak", "load")
+SECTIONS = ("loop", "rebuild", "transactions", "packed", "heads", "soak", "load", "release")
 
 HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass\n"
 
@@ -318,17 +322,34 @@ def _policy_worker(model: Path, policy: str) -> subprocess.Popen[str]:
     extra, threads = POLICIES[policy]
     env = {**os.environ, **extra}
     env.pop("RETRO_THREADS", None)
+    return _epoch_worker(model, threads, env, policy)[0]
+
+
+def _epoch_worker(
+    model: Path, threads: int | None, env: dict[str, str], what: str, python: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], bool]:
+    """A process running WORKLOAD (`python` options before it), once it has said it is ready, and
+    whether its build has the seeded-defect switches (its ready line says)."""
     proc = subprocess.Popen(
-        _child.python("-c", WORKLOAD, str(model), str(threads or 0)),
+        _child.python(*python, "-c", WORKLOAD, str(model), str(threads or 0)),
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        raise RuntimeError(f"the worker of {policy!r} failed to start")
-    return proc
+    ready = proc.stdout.readline().split()
+    if not ready or ready[0] != "ready":
+        raise RuntimeError(f"the worker of {what!r} failed to start")
+    return proc, ready[1] == "seeded_defects=1"
+
+
+def _epoch_seconds(worker: subprocess.Popen[str]) -> float:
+    """Seconds per micro-batch of one more epoch of that worker."""
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write("run\n")
+    worker.stdin.flush()
+    return float(worker.stdout.readline())
 
 
 def under_load(model: Path, *, reps: int) -> dict[str, list[float]]:
@@ -346,11 +367,7 @@ def under_load(model: Path, *, reps: int) -> dict[str, list[float]]:
                 order = list(POLICIES)
                 for rep in range(reps):
                     for policy in order[rep % len(order) :] + order[: rep % len(order)]:
-                        w = workers[policy]
-                        assert w.stdin is not None and w.stdout is not None
-                        w.stdin.write("run\n")
-                        w.stdin.flush()
-                        samples[policy].append(float(w.stdout.readline()))
+                        samples[policy].append(_epoch_seconds(workers[policy]))
                         time.sleep(0.05)  # the last policy's idle workers stop spinning
             finally:
                 for sp in spinners:
@@ -643,12 +660,46 @@ def soak_table(model: Path, *, steps: int = 10_000) -> dict[str, object]:
     return dataclasses.asdict(r)
 
 
+def release_compare(model: Path, release_site: Path, *, reps: int) -> dict[str, float]:
+    """Seconds per micro-batch of this build and of the release build at release_site, one
+    process each at 2 threads, taking turns epoch by epoch; the release one imports retro from
+    release_site first (python -S: no .pth, so no editable install's import hook, and
+    release_site before the site-packages numpy comes from)."""
+    numpy_site = str(Path(np.__file__).resolve().parents[1])
+    threads = {"RETRO_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    release_env = {**os.environ, **threads, "PYTHONPATH": os.pathsep.join([str(release_site), numpy_site])}
+    started = {
+        "this build": _epoch_worker(model, 2, {**os.environ, **threads}, "this build"),
+        "release": _epoch_worker(model, 2, release_env, "release", ("-S",)),
+    }
+    workers = {name: proc for name, (proc, _) in started.items()}
+    try:
+        if started["release"][1] or not started["this build"][1]:
+            raise RuntimeError(f"{release_site} holds no release build (RETRO_SEEDED_DEFECTS=OFF), or this one is")
+        samples: dict[str, list[float]] = {name: [] for name in workers}
+        for rep in range(reps):
+            for name in list(workers)[rep % 2 :] + list(workers)[: rep % 2]:
+                samples[name].append(_epoch_seconds(workers[name]))
+    finally:
+        for w in workers.values():
+            w.kill()
+            w.wait()
+    ours, release = samples["this build"], samples["release"]
+    return {
+        "this_build_s_median": statistics.median(ours),
+        "release_s_median": statistics.median(release),
+        "ratio_min": min(release) / min(ours),
+        "ratio_median": statistics.median(release) / statistics.median(ours),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retro.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip", action="append", default=[], choices=[*SECTIONS])
     ap.add_argument("--only", action="append", default=[], choices=[*SECTIONS], help="run these sections alone")
+    ap.add_argument("--release-site", type=Path, default=None, help="a release build installed there (pip --target)")
     args = ap.parse_args(argv)
     if args.only:
         args.skip = [name for name in SECTIONS if name not in args.only]
@@ -683,6 +734,15 @@ def main(argv: list[str] | None = None) -> int:
             report["soak"] = soak_table(model)
         if "load" not in args.skip:
             report["load"] = load_table(model, reps=args.reps)
+        if "release" not in args.skip and args.release_site is not None:
+            print("release build / this build: ms per micro-batch, 2 threads (the seeded-defect switches' cost)")
+            r = release_compare(model, args.release_site, reps=args.reps)
+            print(
+                f"  ratio min {r['ratio_min']:.3f}, median {r['ratio_median']:.3f} "
+                f"({r['release_s_median'] * 1e3:.1f} vs {r['this_build_s_median'] * 1e3:.1f} ms)",
+                flush=True,
+            )
+            report["release"] = r
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -103,3 +103,9 @@ def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "RETRO_SEEDED_DEFECTS=OFF" in refused.stderr
     assert not (tmp_path / "out").exists()
+
+    # the benchmark that compares their speed runs on it (speed is read there, never asserted here)
+    from retro import bench
+
+    figures = bench.release_compare(tmp_path / "d.gguf", target, reps=2)
+    assert figures["release_s_median"] > 0 and figures["this_build_s_median"] > 0

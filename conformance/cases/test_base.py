@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import threading
 import time
 
@@ -208,8 +209,8 @@ def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend
     a busy process would starve itself of threads. With eight threads of this process hashing, the
     governor's reading of the tasks runnable elsewhere, taken between two readings of /proc made
     here (this process's runnable threads, the machine's runnable tasks), stays within half of them
-    of what those readings leave for others (a parallel check's load is others' too), at some of
-    forty samples."""
+    of what those readings leave for others (a parallel check's load is others' too), by the median
+    of forty samples."""
     stop = threading.Event()
 
     def spin() -> None:
@@ -235,10 +236,16 @@ def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend
             s.join()
     measure("threads", path=threads, samples=";".join(",".join(map(str, s)) for s in samples))
     expect("BASE-02", max(s[0] for s in samples) >= OWN_BUSY // 2, f"own busy threads not seen runnable: {samples}")
+    # by the median of the forty: one sample read while the other worker's threads came or went
+    # must neither fail the intact run nor let the defect through (measured: a median of 0, single
+    # samples -2 to 2, intact; a median of 9, single samples down to 5, with BASE-02.own-threads)
+    excess = statistics.median(governor - max(elsewhere, 0) for _, governor, elsewhere in samples)
+    expect("BASE-02", all(governor >= 0 for _, governor, _ in samples), f"a negative reading: {samples}")
     expect(
         "BASE-02",
-        any(0 <= governor < max(elsewhere, 0) + OWN_BUSY // 2 for _, governor, elsewhere in samples),
-        f"the governor took this process's own busy threads for others' (own, governor, elsewhere): {samples}",
+        excess < OWN_BUSY // 2,
+        f"the governor took this process's own busy threads for others': it read {excess:g} more runnable "
+        f"tasks than ran elsewhere, by the median (own, governor, elsewhere): {samples}",
     )
 
 
