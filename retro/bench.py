@@ -340,6 +340,8 @@ def _epoch_worker(
     assert proc.stdout is not None
     ready = proc.stdout.readline().split()
     if not ready or ready[0] != "ready":
+        proc.kill()
+        proc.wait()
         raise RuntimeError(f"the worker of {what!r} failed to start")
     return proc, ready[1] == "seeded_defects=1"
 
@@ -662,28 +664,34 @@ def soak_table(model: Path, *, steps: int = 10_000) -> dict[str, object]:
 
 def release_compare(model: Path, release_site: Path, *, reps: int) -> dict[str, float]:
     """Seconds per micro-batch of this build and of the release build at release_site, one
-    process each at 2 threads, taking turns epoch by epoch; the release one imports retro from
-    release_site first (python -S: no .pth, so no editable install's import hook, and
-    release_site before the site-packages numpy comes from)."""
-    numpy_site = str(Path(np.__file__).resolve().parents[1])
+    process each at 2 threads, taking turns epoch by epoch. The release one runs under python -S
+    (no .pth files: an editable install's import hook never loads) with release_site on its path
+    and, beside it, numpy alone (a site-packages folder may hold backports that shadow the
+    standard library)."""
     threads = {"RETRO_THREADS": "2", "OMP_NUM_THREADS": "2"}
-    release_env = {**os.environ, **threads, "PYTHONPATH": os.pathsep.join([str(release_site), numpy_site])}
-    started = {
-        "this build": _epoch_worker(model, 2, {**os.environ, **threads}, "this build"),
-        "release": _epoch_worker(model, 2, release_env, "release", ("-S",)),
-    }
-    workers = {name: proc for name, (proc, _) in started.items()}
-    try:
-        if started["release"][1] or not started["this build"][1]:
-            raise RuntimeError(f"{release_site} holds no release build (RETRO_SEEDED_DEFECTS=OFF), or this one is")
-        samples: dict[str, list[float]] = {name: [] for name in workers}
-        for rep in range(reps):
-            for name in list(workers)[rep % 2 :] + list(workers)[: rep % 2]:
-                samples[name].append(_epoch_seconds(workers[name]))
-    finally:
-        for w in workers.values():
-            w.kill()
-            w.wait()
+    with tempfile.TemporaryDirectory() as view:
+        site = Path(np.__file__).resolve().parents[1]
+        for name in ("numpy", "numpy.libs"):
+            if (site / name).exists():
+                (Path(view) / name).symlink_to(site / name)
+        release_env = {**os.environ, **threads, "PYTHONPATH": os.pathsep.join([str(release_site), view])}
+        workers: dict[str, subprocess.Popen[str]] = {}
+        try:
+            for name, env, python in (
+                ("this build", {**os.environ, **threads}, ()),
+                ("release", release_env, ("-S",)),
+            ):
+                workers[name], seeded = _epoch_worker(model, 2, env, name, python)
+                if seeded != (name == "this build"):
+                    raise RuntimeError(f"{name}: {'a' if seeded else 'no'} build with seeded-defect switches")
+            samples: dict[str, list[float]] = {name: [] for name in workers}
+            for rep in range(reps):
+                for name in list(workers)[rep % 2 :] + list(workers)[: rep % 2]:
+                    samples[name].append(_epoch_seconds(workers[name]))
+        finally:
+            for w in workers.values():
+                w.kill()
+                w.wait()
     ours, release = samples["this build"], samples["release"]
     return {
         "this_build_s_median": statistics.median(ours),
