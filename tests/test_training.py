@@ -4,6 +4,10 @@ and validation of every argument before anything native changes."""
 from __future__ import annotations
 
 import math
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -240,3 +244,36 @@ def test_a_deep_model_trains_in_micro_batches_smaller_than_the_window(tmp_path, 
         ds = dataset(2)
         first = tr.epoch(ds).train_loss
         assert tr.epoch(ds).train_loss < first
+
+
+LAST_REFERENCE = """
+import gc, sys, retro, retro._handle
+with retro.Model.load(sys.argv[1], devices=[], trainable=True) as m:
+    ctx = retro.Context(m, n_ctx=256, n_threads=1)
+    tr = retro.Trainer(ctx, optimizer=retro.SGD(lr=0.1))
+    vars(ctx).clear()  # as the cycle collector may clear a context before its trainer goes
+    gc.collect()
+    tr.close()  # the trainer held the native context last
+    retro._handle._open.discard(ctx)  # a context cleared by hand is not closed again at exit
+    print("closed")
+"""
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_a_trainer_holding_its_context_last_frees_it_after_its_own_call(model_path):
+    """A garbage cycle may clear a context's reference to its native handle before its trainer
+    goes: the trainer then holds the native context last, and closing the trainer frees it only
+    once the trainer's own guarded call on it has ended. Under valgrind, no invalid access from
+    retro's libraries (the guard once unlocked the freed context's mutex)."""
+    run = subprocess.run(
+        ["valgrind", "--leak-check=no", "-q", sys.executable, "-c", LAST_REFERENCE, str(model_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "closed", run.stderr[-3000:]
+    # valgrind's reports, one per blank report line; the loader's own (ld.so reading past a string
+    # it owns) name none of retro's libraries
+    reports = re.split(r"^==\d+== ?$", run.stderr, flags=re.M)
+    ours = [r for r in reports if "Invalid" in r and re.search(r"_native|libllama|libggml", r)]
+    assert not ours, ours[0][-3000:]

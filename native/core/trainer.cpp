@@ -51,11 +51,13 @@ void Trainer::close() {
     if (!context_) {
         return;
     }
-    CallGuard call(*context_);
-    if (context_->ctx) {
-        llama_opt_free(context_->ctx);
+    // the trainer may hold the last reference: the context must outlive the guard on it
+    const std::shared_ptr<Context> context = context_;
+    CallGuard call(*context);
+    if (context->ctx) {
+        llama_opt_free(context->ctx);
     }
-    context_->has_trainer = false;
+    context->has_trainer = false;
     context_.reset();
 }
 
