@@ -206,11 +206,12 @@ def _runnable() -> tuple[int, int]:
 def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend, threads):
     """The load-following count gives up a thread for each task runnable outside the process; the
     process's own busy threads (ggml's, spinning at a barrier, or a caller's) are not such tasks, or
-    a busy process would starve itself of threads. With eight threads of this process hashing, the
-    governor's reading of the tasks runnable elsewhere, taken between two readings of /proc made
-    here (this process's runnable threads, the machine's runnable tasks), stays within half of them
-    of what those readings leave for others (a parallel check's load is others' too), by the median
-    of forty samples."""
+    a busy process would starve itself of threads; and the tasks of others are, or it would keep
+    threads others need. With eight threads of this process hashing and eight processes spinning
+    elsewhere, the governor's reading of the tasks runnable elsewhere, taken between two readings
+    of /proc made here (this process's runnable threads, the machine's runnable tasks), stays within
+    half of eight of what those readings leave for others (a parallel check's load is others' too),
+    either way, by the median of forty samples."""
     stop = threading.Event()
 
     def spin() -> None:
@@ -223,29 +224,35 @@ def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend
         s.start()
     samples = []  # (own runnable, governor's elsewhere, elsewhere as read here)
     try:
-        time.sleep(0.2)
-        for _ in range(40):
-            own, machine = _runnable()
-            governor = runnable_elsewhere()
-            own_after, machine_after = _runnable()
-            samples.append((max(own, own_after), governor, min(machine, machine_after) - max(own, own_after)))
-            time.sleep(0.005)
+        with busy_processes(OWN_BUSY, seconds=60):
+            time.sleep(0.2)
+            for _ in range(40):
+                own, machine = _runnable()
+                governor = runnable_elsewhere()
+                own_after, machine_after = _runnable()
+                samples.append((max(own, own_after), governor, min(machine, machine_after) - max(own, own_after)))
+                time.sleep(0.005)
     finally:
         stop.set()
         for s in spinners:
             s.join()
     measure("threads", path=threads, samples=";".join(",".join(map(str, s)) for s in samples))
     expect("BASE-02", max(s[0] for s in samples) >= OWN_BUSY // 2, f"own busy threads not seen runnable: {samples}")
+    expect(
+        "BASE-02",
+        statistics.median(elsewhere for *_, elsewhere in samples) >= OWN_BUSY // 2,
+        f"the processes spinning elsewhere were not seen runnable: {samples}",
+    )
     # by the median of the forty: one sample read while the other worker's threads came or went
-    # must neither fail the intact run nor let the defect through (measured: a median of 0, single
-    # samples -2 to 2, intact; a median of 9, single samples down to 5, with BASE-02.own-threads)
+    # must neither fail the intact run nor let a defect through
     excess = statistics.median(governor - max(elsewhere, 0) for _, governor, elsewhere in samples)
     expect("BASE-02", all(governor >= 0 for _, governor, _ in samples), f"a negative reading: {samples}")
     expect(
         "BASE-02",
-        excess < OWN_BUSY // 2,
-        f"the governor took this process's own busy threads for others': it read {excess:g} more runnable "
-        f"tasks than ran elsewhere, by the median (own, governor, elsewhere): {samples}",
+        abs(excess) < OWN_BUSY // 2,
+        f"the governor read {excess:+g} runnable tasks elsewhere against what ran there, by the median: "
+        f"{'it took this process own busy threads for others' if excess > 0 else 'it missed the others'} "
+        f"(own, governor, elsewhere): {samples}",
     )
 
 
