@@ -340,10 +340,18 @@ def _epoch_worker(
     assert proc.stdout is not None
     ready = proc.stdout.readline().split()
     if not ready or ready[0] != "ready":
-        proc.kill()
-        proc.wait()
+        _stop(proc)
         raise RuntimeError(f"the worker of {what!r} failed to start")
     return proc, ready[1] == "seeded_defects=1"
+
+
+def _stop(worker: subprocess.Popen[str]) -> None:
+    """Kill a worker, reap it and close its pipes."""
+    worker.kill()
+    worker.wait()
+    for pipe in (worker.stdin, worker.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 def _epoch_seconds(worker: subprocess.Popen[str]) -> float:
@@ -379,8 +387,7 @@ def under_load(model: Path, *, reps: int) -> dict[str, list[float]]:
                 times[policy].append(statistics.median(xs))
     finally:
         for w in workers.values():
-            w.kill()
-            w.wait()
+            _stop(w)
     return times
 
 
@@ -690,8 +697,7 @@ def release_compare(model: Path, release_site: Path, *, reps: int) -> dict[str, 
                     samples[name].append(_epoch_seconds(workers[name]))
         finally:
             for w in workers.values():
-                w.kill()
-                w.wait()
+                _stop(w)
     ours, release = samples["this build"], samples["release"]
     return {
         "this_build_s_median": statistics.median(ours),
