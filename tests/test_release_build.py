@@ -4,7 +4,7 @@ certifying build computes.
 The switches exist so that certification can prove each check fails on the defect it is for; a
 user's library has no use for them in its hot loop. Built without them, every switch is the
 constant false at compile time: no switch function, no switch table, no defect ID is left in the
-libraries, the certification refuses such a build (it could prove nothing), and a training run
+libraries, nor the log mirror the checks read events from, the certification refuses such a build (it could prove nothing), and a training run
 gives bitwise the parameters, logits and metrics of the default build. Its speed beside the
 default build's is measured by `python -m retro.bench`, not here."""
 
@@ -49,7 +49,12 @@ for head in ("dense", "fused"):
                     digest.update(np.ascontiguousarray(value).tobytes())
             digest.update(np.ascontiguousarray(ctx.decode(list(range(1, 17)))).tobytes())
 digest.update(json.dumps(metrics).encode())
-print(json.dumps({"digest": digest.hexdigest(), "metrics": metrics, "seeded_defects": hooks.seeded_defects,
+try:  # the test door's log mirror is a test hook too
+    hooks.mirror_logs(-1)
+    mirror = True
+except ValueError:
+    mirror = False
+print(json.dumps({"mirror": mirror, "digest": digest.hexdigest(), "metrics": metrics, "seeded_defects": hooks.seeded_defects,
                   "defects": len(hooks.defects()), "info": retro.build_info()["seeded_defects"]}))
 """
 
@@ -88,8 +93,9 @@ def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
     default = _run([sys.executable, "-c", WORKLOAD, str(tmp_path / "d.gguf")], dict(os.environ, **threads), tmp_path)
     assert default.returncode == 0, default.stderr[-3000:]
     got, want = json.loads(release.stdout), json.loads(default.stdout)
-    assert (got["seeded_defects"], got["defects"], got["info"]) == (False, 0, False)
-    assert (want["seeded_defects"], want["info"]) == (True, True) and want["defects"] == len(ids)
+    assert (got["seeded_defects"], got["defects"], got["info"], got["mirror"]) == (False, 0, False, False)
+    assert (want["seeded_defects"], want["info"], want["mirror"]) == (True, True, True)
+    assert want["defects"] == len(ids)
     assert got["metrics"] == want["metrics"]
     assert got["digest"] == want["digest"], "the release build trained other parameters or logits"
     assert (tmp_path / "r.gguf").read_bytes() == (tmp_path / "d.gguf").read_bytes(), "the two runs began apart"

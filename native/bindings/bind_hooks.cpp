@@ -35,8 +35,13 @@ retro_defect defect_of(const std::string & clause) {
     throw py::value_error("no seeded defect for clause '" + clause +
                           "': this build has none (built with RETRO_SEEDED_DEFECTS=OFF)");
 }
+
+void mirror_logs(int) {
+    throw py::value_error("no log mirror: a test hook, and this build has none (built with RETRO_SEEDED_DEFECTS=OFF)");
+}
 #else
 constexpr bool k_seeded_defects = true;
+using retro::mirror_logs;
 
 retro_defect defect_of(const std::string & clause) {
     for (int i = 0; i < RETRO_DEFECT_COUNT; ++i) {
@@ -79,7 +84,7 @@ void bind_hooks(py::module_ & m) {
             py::arg("site"), py::arg("hit"), py::arg("microseconds"));
     hooks.def("stalling", &retro_fault_stalling);
     // every native log line, as it is logged, also to this file descriptor (-1: off)
-    hooks.def("mirror_logs", &retro::mirror_logs, py::arg("fd"));
+    hooks.def("mirror_logs", &mirror_logs, py::arg("fd"));
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
     hooks.def(

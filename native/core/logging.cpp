@@ -21,11 +21,15 @@ std::vector<std::pair<int, std::string>> g_queue;
 std::deque<std::string> g_recent;
 std::string g_partial;  // text of a line not yet ended by '\n'
 int g_partial_level = GGML_LOG_LEVEL_INFO;
+#ifndef RETRO_WITHOUT_SEEDED_DEFECTS
 std::atomic<int> g_mirror_fd{-1};
+#endif
 
 // the line, as it is logged, to the mirror's file descriptor: the order of writes to one descriptor
-// is the order of events, whichever thread later drains the queue
-void mirror(const std::string & line) {
+// is the order of events, whichever thread later drains the queue (a test hook: a release build
+// has none)
+void mirror([[maybe_unused]] const std::string & line) {
+#ifndef RETRO_WITHOUT_SEEDED_DEFECTS
     const int fd = g_mirror_fd.load(std::memory_order_relaxed);
     if (fd < 0) {
         return;
@@ -34,10 +38,11 @@ void mirror(const std::string & line) {
     for (size_t done = 0; done < out.size();) {
         const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
         if (n <= 0) {
-            return;  // a closed or full descriptor loses the mirror's copy, never the queued line
+            return;  // a closed descriptor loses the mirror's copy, never the queued line
         }
         done += static_cast<size_t>(n);
     }
+#endif
 }
 
 void push_line(int level, std::string raw) {
@@ -82,9 +87,11 @@ std::vector<std::pair<int, std::string>> drain_logs() {
     return out;
 }
 
+#ifndef RETRO_WITHOUT_SEEDED_DEFECTS
 void mirror_logs(int fd) {
     g_mirror_fd.store(fd, std::memory_order_relaxed);
 }
+#endif
 
 std::vector<std::string> recent_errors() {
     std::lock_guard<std::mutex> lock(g_mutex);
