@@ -70,6 +70,8 @@ class Defect:
     defect: str
     # the backends where the mistake can show (empty: every backend); elsewhere it is not run
     backends: tuple[str, ...] = ()
+    # who wrote it, when not the check's own author: a reviewer who had not read the check
+    author: str = ""
 
     def applies_to(self, backend: str) -> bool:
         return not self.backends or backend in self.backends

@@ -49,6 +49,7 @@ EXIT_WAIT_S = 30.0
 @atexit.register
 def _close_all_at_exit() -> None:
     from . import _native
+    from ._checks import seeded
     from .errors import RetroError
 
     for handle in sorted(list(_open), key=lambda h: h._exit_order):
@@ -59,5 +60,6 @@ def _close_all_at_exit() -> None:
     # a call that was waiting for a close returns now, with the GIL still to be had: it is
     # given the GIL (sleeping releases it) until it has taken it back and left native code
     deadline = time.monotonic() + EXIT_WAIT_S
-    while _native.calls_in_flight() > 0 and time.monotonic() < deadline:
+    without_end = seeded("TX-OWN-03.exit-wait")  # seeded defect: the wait has no deadline
+    while _native.calls_in_flight() > 0 and (without_end or time.monotonic() < deadline):
         time.sleep(0.001)

@@ -124,18 +124,23 @@ CHILD_SCRIPT = textwrap.dedent(
         in_handler.clear()
         threading.Thread(target=decode_forever, daemon=True).start()
         in_handler.wait()
-    elif mode == "mid-call":  # ... while another thread waits inside a call no close can end
-        import socket, retro.rpc
+    elif mode in ("mid-call", "past-wait"):  # ... while another thread waits inside a call no close can end
+        import socket, retro.rpc, retro._handle
         peer = socket.create_server(("127.0.0.1", 0))  # it listens and never answers the handshake
+        # "mid-call": the call returns within exit's wait, which waits for it; "past-wait": it
+        # outlasts exit's wait (1 s here), and exit leaves without it
+        deadline_s = 2.0 if mode == "mid-call" else 30.0
+        if mode == "past-wait":
+            retro._handle.EXIT_WAIT_S = 1.0
         def handshake():
             try:
-                retro.rpc.connect(f"127.0.0.1:{peer.getsockname()[1]}", deadline_s=2.0)
+                retro.rpc.connect(f"127.0.0.1:{peer.getsockname()[1]}", deadline_s=deadline_s)
             except retro.RetroError:
                 pass
         threading.Thread(target=handshake, daemon=True).start()
         while native.calls_in_flight() == 0:
             time.sleep(0.001)
-    # "exit", "mid-use" and "mid-call": left to interpreter shutdown
+    # "exit", "mid-use", "mid-call" and "past-wait": left to interpreter shutdown
     """
 )
 

@@ -62,13 +62,15 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
     the callback state lets it go, whichever thread drains the log queue: closed, collected as
     garbage, left to interpreter shutdown, left there while another thread is inside a decode, and
     left there while another thread waits inside a native call that no close ends (an RPC handshake
-    with a peer that never answers, within its deadline), the native context is always freed first,
-    and the child exits cleanly (no exception swallowed on the way)."""
+    with a peer that never answers: once returning within exit's wait, once outlasting it), the
+    native context is always freed first, and the child exits cleanly (no exception swallowed on the
+    way), and within exit's wait when the call outlasts it."""
     env = dict(os.environ)
     defects = ",".join(d for d in _native.hooks.defects() if _native.hooks.defect_on(d))
     # the waiting call is an RPC handshake: a build without the RPC backend has none to wait in
-    waits = ("mid-call",) if _native.rpc_built() else ()
+    waits = ("mid-call", "past-wait") if _native.rpc_built() else ()
     for mode in ("close", "gc", "exit", "mid-use", *waits):
+        started = time.monotonic()
         run = subprocess.run(
             _child.python("-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects),
             capture_output=True,
@@ -81,6 +83,9 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
         unclean = ("Fatal Python error", "terminate called", "ptrace", "Aborted", "Exception ignored")
         crashed = [m for m in unclean if m in run.stderr]
         expect("TX-OWN-03", run.returncode == 0 and not crashed, f"{mode}: exit {run.returncode}: {run.stderr[-600:]}")
+        # a call that outlasts exit's wait (1 s; the call's own deadline is 30 s) does not hold the exit
+        took = time.monotonic() - started
+        expect("TX-OWN-03", mode != "past-wait" or took < 15, f"{mode}: the exit waited {took:.0f} s for the call")
         # the child's stdout, in the order things happened: llama.cpp's log lines as it logs them,
         # and the handler's line when the callback state lets it go
         events = [line for line in run.stdout.splitlines() if "~llama_context" in line or line == "state-released"]
