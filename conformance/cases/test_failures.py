@@ -179,7 +179,8 @@ def _check_state_dropped(backend, model_path, seed, site):
     64 positions in the KV cache; the next one fails at the site. Observed right after the failed
     step (retro.testing.micro_batch, before any epoch call tidies up): the sequence state is empty
     (FAIL-04: the next decode starts at position 0), and the period restarts with zero accumulators
-    (the site's own sub-clause); the trainer's next call completes."""
+    (the site's own sub-clause); the trainer's next call completes. A call failing at the site in
+    its evaluation tail drops the open period of its training as well."""
     clause = BEFORE_COMPUTE[site][0]
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 22)
@@ -238,6 +239,38 @@ def _check_state_dropped(backend, model_path, seed, site):
         differs = _unlike_a_fresh_sequence(ctx)
         expect("FAIL-04", differs is None, f"{site}: a decode after the failed call: {differs}")
         expect(clause, tr.epoch(ds).epoch_complete and not tr.poisoned, f"{site}: the next call did not complete")
+
+    # the evaluation tail: its failure drops the incomplete period of the training before it, as a
+    # cancel there does (CANCEL-04); a training window of 3 micro-batches leaves one of 2 open
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
+        tail = support.windows(2, 192, model.n_vocab, seed + 23)
+        passes: list[tuple[bool, int]] = []
+        fi.reset()
+        with _trainer(ctx, 2, "adamw", site) as clean:
+            clean.epoch(tail, val_fraction=0.5, progress=support.recording(passes, lambda p: (p.train, fi.hits(site))))
+            opened = clean.period_position
+        trained = [hits for train, hits in passes if train]
+        expect(
+            "FAIL-04",
+            len(trained) == 3 and opened == 1 and passes[-1][1] > trained[-1],
+            f"{site}: the scenario is not an evaluation tail after an open period: {passes}, period {opened}",
+        )
+        fi.reset()
+        fi.arm(site, trained[-1] + 1)  # the first time an evaluation micro-batch passes the site
+        done: list[retro.Progress] = []
+        with _trainer(ctx, 2, "adamw", site) as tr:
+            with bound("FAIL-04"), pytest.raises(retro.BeforeComputeError):
+                tr.epoch(tail, val_fraction=0.5, progress=support.recording(done))
+            fi.reset()
+            expect("FAIL-04", [p.train for p in done] == [True] * 3, f"{site}: it failed after {done}")
+            accs = [a for a in (tr.gradient_accumulator(n) for n in model.tensor_names()) if a is not None]
+            kept = sum(1 for a in accs if np.any(a != 0))
+            expect(
+                "FAIL-04",
+                tr.period_position == 0 and bool(accs) and not kept,
+                f"{site}: a failure in the evaluation tail left period position {tr.period_position} and "
+                f"{kept} of {len(accs)} accumulators holding partial gradients",
+            )
 
 
 def _state_dropped_check(site: str):
@@ -433,9 +466,10 @@ def _damaged_checkpoints(ckpt: retro.Checkpoint) -> list[tuple[str, object, type
     ]
 
 
-#: the reference epoch of the sweep: 4 micro-batches of 64 tokens, accumulation 2, the fused head
+#: the reference epoch of the sweep: a training window and an evaluation window of 4 micro-batches
+#: of 64 tokens each, accumulation 3 (the evaluation tail follows an open period), the fused head
 #: (whose support question is a site of its own); every site is passed once per micro-batch
-SWEEP_UBATCH, SWEEP_ACCUMULATION = 64, 2
+SWEEP_UBATCH, SWEEP_ACCUMULATION, SWEEP_VAL_FRACTION = 64, 3, 0.5
 
 
 @pytest.mark.clause("HARNESS-02")
@@ -446,10 +480,11 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
     the k-th time (seen through its progress callbacks, not the hooks' own counters), with that
     site's error class and the state the contract leaves: after a before-compute failure the trainer
     is usable and the open period dropped (FAIL-04), after a compute failure it is poisoned
-    (FAIL-07). Armed persistently, the next call fails at the same site again. The sweep ends
-    exactly at the site's last hit: armed one past it, the epoch completes."""
+    (FAIL-07), in the training windows and in the evaluation tail alike. Armed persistently, the next
+    call fails at the same site again. The sweep ends exactly at the site's last hit: armed one past
+    it, the epoch completes."""
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=SWEEP_UBATCH) as ctx:
-        ds = support.windows(1, 256, model.n_vocab, seed + 30)
+        ds = support.windows(2, 256, model.n_vocab, seed + 30)
 
         def trainer() -> retro.Trainer:
             return retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=SWEEP_ACCUMULATION, head="fused")
@@ -458,7 +493,13 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
         passed: list[dict[str, int]] = []
         fi.reset()
         with trainer() as tr:
-            tr.epoch(ds, progress=support.recording(passed, lambda _: {s: fi.hits(s) for s in fi.SITES}))
+            tr.epoch(
+                ds,
+                val_fraction=SWEEP_VAL_FRACTION,
+                progress=support.recording(passed, lambda p: {"train": p.train, **{s: fi.hits(s) for s in fi.SITES}}),
+            )
+            evaluated = sum(1 for p in passed if not p["train"])
+        expect("HARNESS-02", evaluated == 4, f"the reference epoch evaluated {evaluated} micro-batches, not 4")
         totals = {s: fi.hits(s) for s in fi.SITES}
         fi.reset()
         for site in fi.SITES:
@@ -486,7 +527,7 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                 ctx.reset()
                 with trainer() as tr:
                     try:
-                        tr.epoch(ds, progress=support.recording(done))
+                        tr.epoch(ds, val_fraction=SWEEP_VAL_FRACTION, progress=support.recording(done))
                     except retro.RetroError:
                         completed.append(len(done))
                         if site == "compute":

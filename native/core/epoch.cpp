@@ -258,16 +258,24 @@ public:
         }
     }
 
-    // what every way out of the call leaves: no stop request, no partial period after a cancel, and
-    // a fresh sequence for the next decode (training windows leave their tokens in the KV cache)
+    // what every way out of the call leaves: no stop request, no partial period after a cancel or a
+    // before-compute failure, and a fresh sequence for the next decode (training windows leave their
+    // tokens in the KV cache)
     void wind_down() {
         hooks_.leaving_with_debt(debt_s_, m_);  // otherwise the debt is dropped: nothing follows it would pace
         if (defect_(RETRO_DEFECT_CANCEL_08) && (stopped_ || scope_.error || failed_status_ != LLAMA_OPT_STATUS_OK)) {
             guard_.keep();  // seeded defect: the scope survives an early exit
         }
-        if (stopped_ && failed_status_ == LLAMA_OPT_STATUS_OK && !defect_(RETRO_DEFECT_CANCEL_04)) {
-            // cancelled: an incomplete accumulation period must not reach a later call (a failed step
-            // was abandoned at its update boundary by llama_opt_micro_batch itself)
+        // an incomplete accumulation period must not reach a later call after a cancel (CANCEL-04) or a
+        // before-compute failure (FAIL-04). A failed training step was abandoned at its update boundary
+        // by llama_opt_micro_batch itself; a failed evaluation step leaves the training period before
+        // it, dropped here as a cancel in the evaluation tail drops it (a compute failure poisons)
+        const bool cancelled      = stopped_ && failed_status_ == LLAMA_OPT_STATUS_OK;
+        const bool before_compute = failed_status_ != LLAMA_OPT_STATUS_OK &&
+                                    failed_status_ != LLAMA_OPT_STATUS_COMPUTE &&
+                                    failed_status_ != LLAMA_OPT_STATUS_POISONED;
+        if ((cancelled && !defect_(RETRO_DEFECT_CANCEL_04)) ||
+            (before_compute && !defect_(RETRO_DEFECT_FAIL_04_EVAL_TAIL))) {
             ggml_opt_discard_period(opt_);
         }
         llama_opt_clear_stop(lctx_);
