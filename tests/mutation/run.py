@@ -407,6 +407,16 @@ def pinned(spec: Path, workdir: Path) -> list[Mutant]:
     return mutants
 
 
+def pinned_scope(spec: Path) -> str:
+    """The clauses a pinned run certifies: those its mutants name as having killed them (every
+    clause when one names none). CI's pinned run proves that the runner puts each mutant in place
+    and judges it, not the score: certifying every clause for it would repeat the suite's own run."""
+    named = [entry.get("killed_by") for entry in tomllib.loads(spec.read_text(encoding="utf-8"))["mutant"]]
+    if not all(named):
+        return COVERED
+    return ",".join(sorted({c for clauses in named for c in clauses}))
+
+
 def draw(seed: int, then: Path | None, workdir: Path) -> list[Mutant]:
     """Every mutant of the sources, in the order the seed shuffles them. The sources are today's
     (SOURCE), or, for a run drawn at an earlier commit, that commit's files unpacked in `then`
@@ -642,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             if (site / rel).read_bytes() != (SOURCE / rel).read_bytes():
                 print(f"{rel} is not installed as written: cannot put its mutants in place", file=sys.stderr)
                 return 2
-        judge = Judge(site, work, args.case_timeout)
+        judge = Judge(site, work, args.case_timeout, pinned_scope(args.pinned) if args.pinned else COVERED)
         intact = judge.intact_baseline()
         if intact.failed and not judge.rerun(intact.failed).failed:
             # a check on a loaded machine failed by chance; the same rule as a mutant's kill
@@ -769,8 +779,10 @@ def digest(mutants: list[Mutant]) -> str:
 class Judge:
     """Puts each mutant in place, certifies it, and puts the sources back."""
 
-    def __init__(self, site: Path, work: Path, timeout: float) -> None:
-        self.site, self.work, self.timeout = site, work, timeout
+    def __init__(self, site: Path, work: Path, timeout: float, scope: str = COVERED) -> None:
+        # the clauses every certification of the run covers (the pinned mutants: the ones that
+        # killed them; a drawn sample: every clause)
+        self.site, self.work, self.timeout, self.scope = site, work, timeout, scope
         self._intact_baseline: Certification | None = None
         self._defect_baseline: Certification | None = None
         self._runs = 0
@@ -782,7 +794,7 @@ class Judge:
         self._runs += 1
         out = self.work / f"run{self._runs}" / "out"
         out.parent.mkdir()
-        return certify(self.site, out, self.timeout, defects=defects, clauses=",".join(clauses or [COVERED]))
+        return certify(self.site, out, self.timeout, defects=defects, clauses=",".join(clauses or [self.scope]))
 
     def intact_baseline(self) -> Certification:
         self._intact_baseline = self._certify(defects=False)
