@@ -131,6 +131,53 @@ def defects() -> dict[str, Defect]:
     return out
 
 
+@dataclass(frozen=True)
+class ReviewedDefect:
+    """A defect written by a reviewer who had not read the checks of its clause (reviewed_defects.toml),
+    with what the checks of its day gave it at first judgment."""
+
+    id: str
+    clause: str
+    round: str
+    judged_at: str
+    file: str
+    original: str
+    mutated: str
+    why: str
+    first_judgment: str  # "caught", "escaped" or "out of clause"
+    caught_by: tuple[str, ...] = ()
+    caught_since: str = ""  # an escape: what catches it now
+    out_of_clause: str = ""  # why its clause does not govern it
+
+
+FIRST_JUDGMENTS = ("caught", "escaped", "out of clause")
+
+
+@cache
+def reviewed_defects() -> dict[str, ReviewedDefect]:
+    """Every reviewer's defect by id; each names a clause of the registry, and an escape says what
+    catches it since (or why it lies outside its clause)."""
+    out: dict[str, ReviewedDefect] = {}
+    for raw in _load("reviewed_defects.toml")["defect"]:
+        d = ReviewedDefect(**{**raw, "caught_by": tuple(raw.get("caught_by", ()))})
+        unknown = [c for c in (d.clause, *d.caught_by) if c not in clauses()]
+        if unknown or d.first_judgment not in FIRST_JUDGMENTS or d.id in out:
+            raise ValueError(f"reviewed_defects.toml: {d.id}: unknown clause {unknown} or judgment, or a duplicate")
+        if (d.first_judgment == "caught") != bool(d.caught_by):
+            raise ValueError(f"reviewed_defects.toml: {d.id}: caught exactly when caught_by names clauses")
+        if d.first_judgment == "escaped" and not d.caught_since:
+            raise ValueError(f"reviewed_defects.toml: {d.id} escaped and names nothing that catches it since")
+        if d.first_judgment == "out of clause" and not d.out_of_clause:
+            raise ValueError(f"reviewed_defects.toml: {d.id} is out of clause without a reason")
+        out[d.id] = d
+    return out
+
+
+def reviewed_of(clause: str) -> list[ReviewedDefect]:
+    """The reviewers' defects aimed at a clause."""
+    return [d for d in reviewed_defects().values() if d.clause == clause]
+
+
 def defects_of(clause: str, backend: str | None = None) -> list[str]:
     """The seeded defects of a clause (those that can show on `backend`, when given)."""
     return [d.id for d in defects().values() if d.clause == clause and (backend is None or d.applies_to(backend))]

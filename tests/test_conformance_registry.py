@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,15 @@ def test_every_path_a_clause_names_is_driven_by_a_check_citing_it(tmp_path):
 def test_a_path_is_a_name_and_a_value():
     assert registry.PATH_PATTERN.match("head=fused") and registry.PATH_PATTERN.match("value=-inf")
     assert not registry.PATH_PATTERN.match("fused") and not registry.PATH_PATTERN.match("a=b,c=d")
+
+
+def test_every_reviewers_defect_names_its_clause_and_each_escape_what_catches_it_since():
+    """reviewed_defects.toml: defects by reviewers who had not read the checks, each with its first
+    judgment kept; an escape names what catches it now, and a seeded defect it names exists."""
+    reviewed = registry.reviewed_defects()
+    assert reviewed
+    for d in reviewed.values():
+        assert d.why and d.original != d.mutated and (REPO / d.file).parent.is_dir(), d.id
+        seeded = re.findall(r"seeded as (\S+)", d.caught_since)
+        assert all(s in registry.defects() for s in seeded), (d.id, seeded)
+    assert sum(len(registry.reviewed_of(c)) for c in registry.clauses()) == len(reviewed)
