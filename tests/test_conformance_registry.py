@@ -26,7 +26,7 @@ def test_the_spec_list_is_the_one_contracts_md_names():
     if not CONTRACTS.is_file():
         pytest.skip("shared/CONTRACTS.md is not beside this checkout (the list in the repo was checked above)")
     named = list(dict.fromkeys(registry.ID_IN_TEXT.findall(CONTRACTS.read_text(encoding="utf-8"))))
-    assert named == registry.spec_ids()
+    assert named == registry.spec_ids(), f"retro/contracts.ids must list, one per line in this order: {named}"
 
 
 def test_the_schema_uses_the_registrys_id_grammar():
