@@ -48,6 +48,32 @@ def load(backend: Backend, path: Path, *, trainable: bool = True, gpu_layers: in
     return retro.Model.load(path, devices=offload, gpu_layers=gpu_layers if offload else 0, trainable=trainable)
 
 
+def placement(model: retro.Model, backend: Backend) -> tuple[list[tuple[str, str]], int, int]:
+    """Where a model is: its weights on no device of the backend (the input layer aside, which
+    llama.cpp keeps on the CPU), and how many nodes of a decode's graph the backend computes (the
+    device of the buffer the scheduler gave each node's output), of how many."""
+    from retro import _native
+
+    wanted = backend.device_names
+    placed = {n: d for n, d in model.tensor_devices().items() if n not in INPUT_LAYER}
+    nodes = [device for _, _, _, _, device in _native.probe_graph(model._h, 8, 8, 1)]
+    return sorted((n, d) for n, d in placed.items() if d not in wanted), sum(d in wanted for d in nodes), len(nodes)
+
+
+def not_on(model: retro.Model, backend: Backend) -> str:
+    """Why the model is not on the backend under test ("" when it is: every weight on its devices,
+    most of a decode's nodes computed there). A check in a child interpreter proves with it that
+    the backend it was asked for is the one it ran on, not the CPU a missing device falls back to."""
+    if not backend.available:
+        return f"{backend.name} is not available here ({backend.reason})"
+    elsewhere, here, nodes = placement(model, backend)
+    if elsewhere:
+        return f"weights not on {backend.name}: {elsewhere[:4]}"
+    if here * 2 <= nodes:
+        return f"{here} of {nodes} nodes of a decode computed on {backend.name}"
+    return ""
+
+
 def raised(fn: Callable[[], object]) -> BaseException | None:
     """What a call raised (None: it returned): the checks of refused inputs judge the exception."""
     try:

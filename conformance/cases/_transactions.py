@@ -102,6 +102,8 @@ CHILD_SCRIPT = textwrap.dedent(
             write(1, b"state-released\\n")
 
     model = support.load(backend, __import__("pathlib").Path(path), trainable=False)
+    if why := support.not_on(model, backend):  # the backend asked for, not the CPU a missing one falls back to
+        sys.exit(f"not on {backend_name}: {why}")
     profile = Profile.record(model)
     ctx = retro.Context(model, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1,
                         transactions=TensorTransactions(profile, [profile.select("l_out-0")], Handler()))

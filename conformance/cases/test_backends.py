@@ -12,7 +12,7 @@ import pytest
 
 import retro
 import retro.rpc
-from retro import _child, _native
+from retro import _child
 from retro.conformance import backends, support
 from retro.conformance.evidence import against_oracle, bound, expect
 from retro.conformance.plugin import not_supported
@@ -65,18 +65,14 @@ def _agrees_with_cpu(placement: str, got, on_cpu) -> None:
 @pytest.mark.drives(*(f"gpu_layers={n}" for n in PLACEMENTS.values()))
 def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
     with support.load(backend, model_path) as model:
-        placed = {n: d for n, d in model.tensor_devices().items() if n not in support.INPUT_LAYER}
-        # where the scheduler put each node of a decode's graph: the backend that computes it
-        nodes = [(name, device) for name, _, _, _, device in _native.probe_graph(model._h, 8, 8, 1)]
+        elsewhere, computed_here, nodes = support.placement(model, backend)
     wanted = backend.device_names
     with bound("HARNESS-01"):
-        elsewhere = sorted((n, d) for n, d in placed.items() if d not in wanted)
         assert not elsewhere, f"weights not on {backend.name} ({', '.join(sorted(wanted))}): {elsewhere[:4]}"
-    computed_here = [n for n, d in nodes if d in wanted]
     expect(
         "HARNESS-01",
-        len(computed_here) * 2 > len(nodes),
-        f"{len(computed_here)} of {len(nodes)} nodes of a decode computed on {backend.name}",
+        computed_here * 2 > nodes,
+        f"{computed_here} of {nodes} nodes of a decode computed on {backend.name}",
     )
 
     # an absent backend is not available: the same build with this backend's devices gone

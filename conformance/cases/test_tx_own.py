@@ -190,7 +190,10 @@ SERIALIZED_CHILD = textwrap.dedent(
     running_call, concurrent = json.loads(sys.argv[6]), json.loads(sys.argv[7])
     for defect in filter(None, defects.split(",")):  # the seeded defect the parent runs under
         native.hooks.set_defect(defect, True)
-    model = support.load(backends.discover()[backend_name], pathlib.Path(path))
+    backend = backends.discover()[backend_name]
+    model = support.load(backend, pathlib.Path(path))
+    if why := support.not_on(model, backend):  # the backend asked for, not the CPU a missing one falls back to
+        sys.exit(f"not on {backend_name}: {why}")
     profile = Profile.record(model)
     stream = np.random.default_rng(0).integers(0, model.n_vocab, size=4 * 256 + 1)
     ds = retro.TokenDataset.from_tokens(stream, width=256)
