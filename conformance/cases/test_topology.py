@@ -254,8 +254,9 @@ def _faults_between_epochs(n_vocab: int, seed: int):
     """Epochs with an event before each: a decode (generation, scoring), a preflight, a checkpoint
     restore (the optimizer state made again), an epoch of upstream's own loop (graphs of its own
     laid out on the scheduler), and a step failing at each before-compute site a
-    step that runs the entry reaches (a hit builds and allocates nothing, so the build, metadata
-    and allocation sites are reached only by a miss, which has dropped the entry already)."""
+    step that runs the entry reaches (a hit builds nothing, so the build and metadata sites are
+    reached only by a miss, which has dropped the entry already; at accumulation 1 a hit allocates
+    nothing either: _alloc_failure_at_a_hit drives the allocation site at accumulation 2)."""
     data = _data(n_vocab, seed, windows=2)
     sites = ["batch_init", "memory_init", "output_reserve"]
 
@@ -286,14 +287,37 @@ def _faults_between_epochs(n_vocab: int, seed: int):
     return steps
 
 
-def _fail_once(tr: retro.Trainer, data, site: str) -> None:
+def _alloc_failure_at_a_hit(n_vocab: int, seed: int):
+    """Accumulation 2: the gradient and the optimizer graphs take turns on the scheduler, so every
+    step allocates a clone again, a step that runs the entry included; its allocation fails once,
+    at the next call's first micro-batch, a hit of the entry the previous call left."""
+    data = _data(n_vocab, seed + 6, windows=2)
+
+    def steps(tr, ctx, run):
+        run.metrics.append(tr.epoch(data, progress=run.observe))
+        before = tr.topology_cache
+        failed = _fail_once(tr, data, "alloc")
+        after = tr.topology_cache
+        # the failure fired, in a step that had run the entry (counted a hit before it allocated)
+        at_a_hit = failed == 1 and after.hits - before.hits == 1
+        counted = after.invalidations_by["error"] - before.invalidations_by["error"]
+        run.seen.append(("a hit failing at alloc", before.has_entry and at_a_hit, after.has_entry, counted))
+        run.metrics.append(tr.epoch(data, progress=run.observe))
+
+    return steps
+
+
+def _fail_once(tr: retro.Trainer, data, site: str) -> int:
+    """An epoch failing at the site's first hit: how many failures the hooks made."""
     fi.arm(site, 1)
     try:
         tr.epoch(data)
     except retro.BeforeComputeError:
         pass
     finally:
+        failed = fi.failures(site)
         fi.reset()
+    return failed
 
 
 @pytest.mark.clause("TOPO-05")
@@ -306,6 +330,14 @@ def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backe
             "TOPO-05", had and not has and counted == 1, f"{name}: entry before {had}, after {has}, counted {counted}"
         )
     _same_as_oracle("TOPO-05", backend, on, off, "events between epochs")
+
+    off = _run(backend, model_path, False, _alloc_failure_at_a_hit(n_vocab, seed), accumulation=2)
+    on = _run(backend, model_path, "forced", _alloc_failure_at_a_hit(n_vocab, seed), accumulation=2)
+    for name, had, has, counted in on.seen:
+        expect(
+            "TOPO-05", had and not has and counted == 1, f"{name}: entry before {had}, after {has}, counted {counted}"
+        )
+    _same_as_oracle("TOPO-05", backend, on, off, "an allocation failure at a hit, accumulation 2")
 
 
 @pytest.mark.clause("TOPO-06")
