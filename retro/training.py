@@ -77,6 +77,7 @@ EpochCallback = ctypes.CFUNCTYPE(
     ctypes.c_int64,
     ctypes.c_int64,
 )
+_BOOL_EPOCH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, *EpochCallback._argtypes_)  # CANCEL-01.signature's
 
 
 @dataclass(frozen=True)
@@ -369,7 +370,9 @@ class Trainer(NativeHandle):
         n_train = self._split(dataset, val_fraction)
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable")
-        if epoch_callback is not None and not isinstance(epoch_callback, EpochCallback):
+        # seeded defect: the callback type declared returning bool, not upstream's void
+        wanted = _BOOL_EPOCH_CALLBACK if _checks.seeded("CANCEL-01.signature") else EpochCallback
+        if epoch_callback is not None and not isinstance(epoch_callback, wanted):
             raise TypeError("epoch_callback must be a retro.EpochCallback (ctypes) function")
         native_progress = None if progress is None else _wrap_progress(progress)
         address = 0 if epoch_callback is None else ctypes.cast(epoch_callback, ctypes.c_void_p).value or 0

@@ -4,6 +4,7 @@ and AdamW, accumulation 1 and > 1."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import time
 
@@ -25,6 +26,35 @@ def _stop_at(k: int, seen: list[retro.Progress], *, train: bool = True):
         return not (p.train == train and p.done == k)
 
     return progress
+
+
+class _Interrupted(Exception):
+    """What a progress callback raises to end a call, as Ctrl-C raises KeyboardInterrupt in one."""
+
+
+def _raise_at(k: int, seen: list[retro.Progress], *, train: bool = True):
+    def progress(p: retro.Progress) -> bool:
+        seen.append(p)
+        if p.train == train and p.done == k:
+            raise _Interrupted(f"at micro-batch {k}")
+        return True
+
+    return progress
+
+
+#: upstream ggml's ggml_opt_epoch_callback as a C caller declares it from ggml-opt.h, not retro's
+#: own declaration: void (*)(bool train, ggml_opt_context_t, ggml_opt_dataset_t, ggml_opt_result_t,
+#: int64_t ibatch, int64_t ibatch_max, int64_t t_start_us)
+UPSTREAM_EPOCH_CALLBACK = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_bool,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int64,
+)
 
 
 @pytest.mark.clause("CANCEL-02", "CANCEL-05", "CANCEL-06", "HARNESS-03")
@@ -121,26 +151,36 @@ def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optim
 
 
 @pytest.mark.clause("CANCEL-04")
+@pytest.mark.parametrize("cancelled_by", ["false", "exception"])
 @pytest.mark.parametrize("cancelled_in", ["train", "eval"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_an_incomplete_period_never_reaches_a_later_call(backend, model_path, seed, optimizer, cancelled_in):
-    """Accumulation 2, the first micro-batch of the second period trained, then cancelled: right
-    after it (train), or in the evaluation tail that follows it, the period still pending (eval).
-    That micro-batch's gradient is discarded: a later call equals a run that never saw it, and the
-    accumulators read back are zero right after the cancel."""
+def test_an_incomplete_period_never_reaches_a_later_call(
+    backend, model_path, seed, optimizer, cancelled_in, cancelled_by
+):
+    """Accumulation 2, the first micro-batch of the second period trained, then cancelled, by the
+    progress callback returning False or raising (as Ctrl-C does): right after it (train), or in
+    the evaluation tail that follows it, the period still pending (eval). That micro-batch's
+    gradient is discarded: a later call equals a run that never saw it, and the accumulators read
+    back are zero right after the cancel."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(6, 256, probe.n_vocab, seed + 12)
     opt = OPTIMIZERS[optimizer]
     first, later = support.subset(ds, slice(0, 2)), support.subset(ds, slice(3, 5))
+    stopping = _stop_at if cancelled_by == "false" else _raise_at
     if cancelled_in == "train":
-        discarded, frac, stop = support.subset(ds, slice(0, 3)), 0.0, _stop_at(3, [])
+        discarded, frac, stop = support.subset(ds, slice(0, 3)), 0.0, stopping(3, [])
     else:  # windows 0-2 train, windows 5 and 4 evaluate: cancelled after the first of them
         discarded = support.subset(ds, [0, 1, 2, 5, 4])
-        frac, stop = 0.4, _stop_at(1, [], train=False)
+        frac, stop = 0.4, stopping(1, [], train=False)
     with support.load(backend, model_path) as model, support.context(model) as ctx:
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
-            m = tr.epoch(discarded, val_fraction=frac, progress=stop)
-            if cancelled_in == "eval":
+            if cancelled_by == "false":
+                m = tr.epoch(discarded, val_fraction=frac, progress=stop)
+            else:
+                with bound("CANCEL-04"), pytest.raises(_Interrupted):
+                    tr.epoch(discarded, val_fraction=frac, progress=stop)
+                m = None
+            if cancelled_in == "eval" and m is not None:
                 expect(
                     "CANCEL-04",
                     (m.train_micro_batches, m.eval_micro_batches, m.epoch_complete) == (3, 1, False),
@@ -173,7 +213,7 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
     run that is not cancelled makes none."""
     calls: list[tuple[bool, int, int, bool, bool]] = []
 
-    @retro.EpochCallback
+    @UPSTREAM_EPOCH_CALLBACK
     def c_callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us):
         calls.append((bool(train), int(ibatch), int(ibatch_max), bool(opt_ctx), bool(result)))
 
@@ -188,7 +228,10 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
                 progress_calls.append(p.done)
                 return True
 
-            tr.epoch(ds, val_fraction=frac, progress=progress, epoch_callback=c_callback)
+            refused = support.raised(
+                lambda: tr.epoch(ds, val_fraction=frac, progress=progress, epoch_callback=c_callback)
+            )
+            expect("CANCEL-01", refused is None, f"a callback of upstream's void signature was refused: {refused!r}")
             expect(
                 "CANCEL-01",
                 calls
@@ -199,7 +242,7 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
             expect("CANCEL-01", len(progress_calls) == n_train + n_eval, f"progress ran {len(progress_calls)} times")
             expect("CANCEL-01", tr.stop_requests == 0, f"{tr.stop_requests} stop requests without a cancel")
             # a NULL function pointer, what C code passes for "no callback", is no callback
-            tr.epoch(ds, val_fraction=frac, epoch_callback=retro.EpochCallback())
+            tr.epoch(ds, val_fraction=frac, epoch_callback=UPSTREAM_EPOCH_CALLBACK())
             for k in (1, 3):
                 calls.clear()
                 before = tr.stop_requests

@@ -270,7 +270,9 @@ public:
         // before-compute failure (FAIL-04). A failed training step was abandoned at its update boundary
         // by llama_opt_micro_batch itself; a failed evaluation step leaves the training period before
         // it, dropped here as a cancel in the evaluation tail drops it (a compute failure poisons)
-        const bool cancelled      = stopped_ && failed_status_ == LLAMA_OPT_STATUS_OK;
+        // a callback's exception (or Ctrl-C) cancels as a false does; seeded defect: it does not
+        const bool cancelled      = stopped_ && failed_status_ == LLAMA_OPT_STATUS_OK &&
+                                    !(scope_.error && defect_(RETRO_DEFECT_CANCEL_04_EXCEPTION));
         const bool before_compute = failed_status_ != LLAMA_OPT_STATUS_OK &&
                                     failed_status_ != LLAMA_OPT_STATUS_COMPUTE &&
                                     failed_status_ != LLAMA_OPT_STATUS_POISONED;
