@@ -263,13 +263,13 @@ def _check_state_dropped(backend, model_path, seed, site):
                 tr.epoch(tail, val_fraction=0.5, progress=support.recording(done))
             fi.reset()
             expect("FAIL-04", [p.train for p in done] == [True] * 3, f"{site}: it failed after {done}")
-            accs = [a for a in (tr.gradient_accumulator(n) for n in model.tensor_names()) if a is not None]
-            kept = sum(1 for a in accs if np.any(a != 0))
+            tail_accs = [a for a in (tr.gradient_accumulator(n) for n in model.tensor_names()) if a is not None]
+            kept = sum(1 for a in tail_accs if np.any(a != 0))
             expect(
                 "FAIL-04",
-                tr.period_position == 0 and bool(accs) and not kept,
+                tr.period_position == 0 and bool(tail_accs) and not kept,
                 f"{site}: a failure in the evaluation tail left period position {tr.period_position} and "
-                f"{kept} of {len(accs)} accumulators holding partial gradients",
+                f"{kept} of {len(tail_accs)} accumulators holding partial gradients",
             )
 
 
