@@ -30,13 +30,15 @@ from retro.transactions import Profile, TensorTransactions, Transaction
 @pytest.mark.clause("TX-FAIL-01")
 def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
     """Ordinary exceptions, KeyboardInterrupt, SystemExit, a BaseException subclass, one whose
-    str() raises and one with a 1 MiB message: each is contained and reported by type, with a
-    bounded message and a traceback that names the handler; the interpreter goes on."""
+    str() raises and one with a 1 MiB message: each is contained and reported by type, with its
+    own text (str(), cut at the bound) for message and a traceback that names the handler; the
+    interpreter goes on."""
     model, profile = loaded
     for type_name, make in RAISED:
+        raised = make()
 
-        def handler(t: Transaction, make=make) -> None:
-            raise make()
+        def handler(t: Transaction, raised=raised) -> None:
+            raise raised
 
         with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
             with bound("TX-FAIL-01"), pytest.raises(retro.TensorCallbackError) as err:
@@ -44,6 +46,16 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
             f = err.value.failure
             expect("TX-FAIL-01", f.type == type_name, f"{type_name} reported as {f.type}")
             expect("TX-FAIL-01", len(f.message) <= 4200, f"{type_name}: a message of {len(f.message)} characters")
+            # the message is the exception's own text (its str(), as Python prints it), up to the bound
+            try:
+                own = str(raised)
+            except Exception:  # noqa: BLE001 - Unprintable: any placeholder will do
+                own = None
+            expect(
+                "TX-FAIL-01",
+                own is None or (f.message == own if len(own) <= 4096 else f.message.startswith(own[:4096])),
+                f"{type_name}: the message {f.message[:80]!r} is not the exception's text {(own or '')[:80]!r}",
+            )
             expect("TX-FAIL-01", "handler" in f.traceback, f"{type_name}: the traceback lost the handler")
 
 

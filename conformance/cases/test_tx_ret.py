@@ -84,7 +84,8 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
     row per output: a decode outputs every token), a third is refused before it runs (nothing
     decoded, nothing lost); draining frees the room. The limit is a count of bytes: a negative one is
     refused as the bad value it is (a ValueError naming the bound), beside retained selectors and
-    beside ones a handler takes unretained."""
+    beside ones a handler takes unretained. The bound holds to the byte: with two decodes' rows
+    held, a limit one byte short of three decodes' refuses the third, one of exactly three takes it."""
     model, profile = loaded
     limit = 2 * 4 * model.n_embd * 4
     sel = [profile.select(RETAINED[rows], retain=True, max_rows=4)]
@@ -102,3 +103,16 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
         expect("TX-RET-04", [c.positions.tolist() for c in held] == [[0, 1, 2, 3], [4, 5, 6, 7]], "captures lost")
         ctx.decode(TOKENS[8:])
         expect("TX-RET-04", len(ctx.drain_captures()) == 1, "drained room was not given back")
+    # the limit is held in bytes, to the byte: with two decodes' rows held, a limit one byte short
+    # of three decodes' refuses the third, and one of exactly three decodes' takes it
+    one = 4 * model.n_embd * 4
+    for room, fits in ((3 * one - 1, False), (3 * one, True)):
+        with tx_context(model, profile, sel, retained_limit=room) as ctx:
+            ctx.decode(TOKENS[:4])
+            ctx.decode(TOKENS[4:8])
+            took = support.raised(lambda: ctx.decode(TOKENS[:4]))
+            expect(
+                "TX-RET-04",
+                (took is None) == fits and (fits or isinstance(took, retro.CaptureLimitError)),
+                f"a limit of {room} bytes, {2 * one} held, a decode retaining {one}: {took!r}",
+            )

@@ -63,7 +63,9 @@ tx::Failure describe(py::error_already_set & e) {
         f.type = "<unnamed exception type>";
     }
     try {
-        f.message = bounded(py::str(e.value()).cast<std::string>());
+        // seeded defect TX-FAIL-01.repr: the message is the exception's repr(), not its own text
+        f.message = bounded((retro_defect_on(RETRO_DEFECT_TX_FAIL_01_REPR) ? py::repr(e.value()) : py::str(e.value()))
+                                    .cast<std::string>());
     } catch (...) {
         f.message = "<the exception's str() raised>";
     }

@@ -165,7 +165,8 @@ bool Transactions::begin(int32_t n_tokens) {
         if (s.retain && (s.rows == Rows::Tokens || !defect(RETRO_DEFECT_TX_RET_04_OUTPUTS))) {
             const int64_t rows =
                     s.rows == Rows::Tokens ? (int64_t) batch_.positions.size() : (int64_t) output_positions_.size();
-            incoming += (size_t) rows * (size_t) s.row_elements * 4;
+            // seeded defect TX-RET-04.elements: the rows counted in elements, not bytes
+            incoming += (size_t) rows * (size_t) s.row_elements * (defect(RETRO_DEFECT_TX_RET_04_ELEMENTS) ? 1 : 4);
         }
     }
     const size_t held = defect(RETRO_DEFECT_TX_RET_04) ? 0 : committed_bytes_;  // seeded defect: per decode
