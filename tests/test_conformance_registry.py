@@ -132,7 +132,9 @@ def test_every_reviewers_defect_names_its_clause_and_each_escape_what_catches_it
     reviewed = registry.reviewed_defects()
     assert reviewed
     for d in reviewed.values():
-        assert d.why and d.original != d.mutated and (REPO / d.file).parent.is_dir(), d.id
+        # a line of the patched fork is named as the mutation runner names it (llama.cpp/...)
+        assert d.why and d.original != d.mutated, d.id
+        assert d.file.startswith("llama.cpp/") or (REPO / d.file).parent.is_dir(), d.id
         seeded = re.findall(r"seeded as (\S+)", d.caught_since)
         assert all(s in registry.defects() for s in seeded), (d.id, seeded)
     assert sum(len(registry.reviewed_of(c)) for c in registry.clauses()) == len(reviewed)
