@@ -266,11 +266,13 @@ public:
         if (defect_(RETRO_DEFECT_CANCEL_08) && (stopped_ || scope_.error || failed_status_ != LLAMA_OPT_STATUS_OK)) {
             guard_.keep();  // seeded defect: the scope survives an early exit
         }
-        // an incomplete accumulation period must not reach a later call after a cancel (CANCEL-04) or a
-        // before-compute failure (FAIL-04). A failed training step was abandoned at its update boundary
-        // by llama_opt_micro_batch itself; a failed evaluation step leaves the training period before
-        // it, dropped here as a cancel in the evaluation tail drops it (a compute failure poisons)
-        // a callback's exception (or Ctrl-C) cancels as a false does; seeded defect: it does not
+        // an incomplete accumulation period must not reach a later call after a cancel (CANCEL-04: a
+        // callback returning false, or raising, as Ctrl-C does) or a before-compute failure (FAIL-04).
+        // A failed training step was abandoned at its update boundary by llama_opt_micro_batch itself;
+        // a failed evaluation step leaves the training period before it, dropped here as a cancel in
+        // the evaluation tail drops it. A compute failure poisons the trainer instead.
+        // Seeded defects: CANCEL-04.exception (a raising callback not taken for a cancel),
+        // CANCEL-04 and FAIL-04.eval-tail (no discard)
         const bool cancelled      = stopped_ && failed_status_ == LLAMA_OPT_STATUS_OK &&
                                     !(scope_.error && defect_(RETRO_DEFECT_CANCEL_04_EXCEPTION));
         const bool before_compute = failed_status_ != LLAMA_OPT_STATUS_OK &&
