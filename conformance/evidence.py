@@ -37,6 +37,7 @@ class Ledger:
     oracle: list[dict] = field(default_factory=list)  # comparisons against the CPU oracle
     measurements: list[dict] = field(default_factory=list)  # figures recorded beside the assertions
     tolerated: list[ClauseViolation] = field(default_factory=list)  # failed, not enforced here
+    paths: set[str] = field(default_factory=set)  # paths driven inside the case (on_path), as they ran
 
     def record(self, violation: ClauseViolation | None, clause: str) -> None:
         self.asserted.add(clause)
@@ -109,6 +110,15 @@ def against_oracle(clause: str, observation: str, actual: np.ndarray, expected: 
         # JSON has no infinity: a shape mismatch or a zero reference reads as 1e300
         _ledger.oracle.append({"observation": observation, "nmse": min(value, 1e300), "tolerance": tolerance})
     expect(clause, value <= tolerance, f"{observation}: NMSE {value:.3g} against the CPU exceeds {tolerance:g}")
+
+
+def on_path(*paths: str) -> None:
+    """Record that the case has just run these paths (name=value, as the registry names them), on
+    the backend under test. A path a check drives inside a case (@pytest.mark.drives) counts for
+    its clauses only once recorded here; a check's parameters count when its intact run passes.
+    Outside a conformance case it is dropped."""
+    if _ledger is not None:
+        _ledger.paths.update(paths)
 
 
 def measure(name: str, **figures: float | str) -> None:

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from html import escape
 
+from . import registry
+
+#: how the matrix marks a clause whose checks prove the harness alone (registry.Clause.backend_independent)
+INDEPENDENT = "backend-independent"
+
 #: a status's class and colour (the grid's legend, and what the browser test looks for)
 COLOURS = {
     "pass": "#2e9d4f",
@@ -18,6 +23,12 @@ COLOURS = {
     "not available": "#9e9e9e",
     "not selected": "#f2f2f2",
 }
+
+
+def scope_note(clause: str, status: str) -> str:
+    """What the matrix adds to a clause's status: the pass of a backend-independent clause (its
+    checks prove the harness's own code) says so, and certifies nothing of the backend that ran it."""
+    return f" ({INDEPENDENT})" if status == "pass" and registry.clauses()[clause].backend_independent else ""
 
 
 def css_class(status: str) -> str:
@@ -153,7 +164,7 @@ def _grid(results: dict) -> str:
     for cid, row in results["clauses"].items():
         cells = "".join(
             f'<td class="cell {css_class(row[n])}" data-clause="{cid}" data-backend="{escape(n)}" '
-            f'data-status="{escape(row[n])}"><a href="#{anchor(cid, n)}">{escape(row[n])}</a></td>'
+            f'data-status="{escape(row[n])}"><a href="#{anchor(cid, n)}">{escape(row[n] + scope_note(cid, row[n]))}</a></td>'
             for n in names
         )
         rows.append(f"<tr><th>{cid}</th>{cells}</tr>")

@@ -52,7 +52,8 @@ def report(results: dict) -> str:
                 results["clause_details"][cid][n] for n in names if row[n] not in ("not selected", "not available")
             )
         )
-        lines.append(f"| {cid} | " + " | ".join(_MARK[row[n]] for n in names) + f" | {why} |")
+        marks = [_MARK[row[n]] + html.scope_note(cid, row[n]) for n in names]
+        lines.append(f"| {cid} | " + " | ".join(marks) + f" | {why} |")
     for decision in results.get("gates", {}).values():
         lines += [
             "",

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+
+from retro.devices import BACKENDS
 
 #: the clause-ID grammar, defined once: the registry, the schema (results.schema.json, held to it
 #: by tests/test_conformance_registry.py) and the tests read it from here
@@ -38,6 +40,9 @@ PATH_PATTERN = re.compile(r"^[a-z_]+=[^,\[\]]+$")
 REGISTRY_FILES = ("training.toml", "transactions.toml", "harness.toml")
 #: what a clause's checks prove: the binding (and the fork), or the harness's own code alone
 SUBJECTS = ("binding", "harness")
+#: where a path exists only on some backends (Clause.path_backends), besides backend names: every
+#: backend with a device of its own to offload to, i.e. every one but the CPU
+OFFLOAD = "offload"
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,31 @@ class Clause:
     reading: str = ""  # the reading the suite chose where the clause leaves one open, and why
     unimplemented: str = ""  # parts of the clause the binding does not implement (reported, never passed)
     subject: str = "binding"  # SUBJECTS: "harness" for a clause whose checks run none of the binding
-    # the paths the clause names, each of which some check citing it must drive: "name=value", a
-    # parameter of a check (its case id shows it), or one a check declares with @pytest.mark.drives
+    # the paths the clause names, each of which must run, on every backend, in a check citing it
+    # that asserted through it: "name=value", a parameter of the check (its case id shows it), or
+    # one the check drives inside a case (declared with @pytest.mark.drives, recorded when it runs
+    # with evidence.on_path)
     paths: tuple[str, ...] = ()
+    # the paths that exist only on some backends (backend names, or OFFLOAD), with the reason in
+    # `reading`; elsewhere they are not paths of the clause
+    path_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def family(self) -> str:
         return self.id.rsplit("-", 1)[0]
+
+    @property
+    def backend_independent(self) -> bool:
+        """Its checks prove the harness's own code: one verdict, whichever backend ran them."""
+        return self.subject == "harness"
+
+    def paths_on(self, backend: str | None) -> tuple[str, ...]:
+        """The paths that must run on `backend` (every path when None)."""
+        return tuple(p for p in self.paths if backend is None or _exists_on(self.path_backends.get(p), backend))
+
+
+def _exists_on(where: tuple[str, ...] | None, backend: str) -> bool:
+    return where is None or backend in where or (OFFLOAD in where and backend != "cpu")
 
 
 @dataclass(frozen=True)
@@ -94,9 +117,13 @@ def clauses() -> dict[str, Clause]:
     for name in REGISTRY_FILES:
         data = _load("clauses", name)
         for raw in data["clause"]:
-            c = Clause(**{**raw, "paths": tuple(raw.get("paths", ()))})
+            where = {p: tuple(b) for p, b in raw.get("path_backends", {}).items()}
+            c = Clause(**{**raw, "paths": tuple(raw.get("paths", ())), "path_backends": where})
             if any(not PATH_PATTERN.match(p) for p in c.paths):
                 raise ValueError(f"clauses/{name}: {c.id}: a path is name=value, not {c.paths}")
+            named = {b for bs in where.values() for b in bs}
+            if any(p not in c.paths or not b for p, b in where.items()) or named - {*BACKENDS.values(), OFFLOAD}:
+                raise ValueError(f"clauses/{name}: {c.id}: path_backends names a path it lacks, or no known backend")
             if not ID_PATTERN.match(c.id):
                 raise ValueError(f"clauses/{name}: malformed clause id {c.id!r}")
             if c.id in out:

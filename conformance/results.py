@@ -36,6 +36,8 @@ def case_record(
     caught: dict[str, str] | None = None,
     oracle: list[dict] | None = None,
     measurements: list[dict] | None = None,
+    asserted: list[str] | None = None,
+    paths: list[str] | None = None,
 ) -> dict:
     """The one shape of a case record: a result line of the results log (the plugin's, and the
     runner's for a crashed interpreter and the restart budget) and an entry of results.json's cases."""
@@ -57,6 +59,9 @@ def case_record(
         record["oracle"] = oracle
     if measurements:
         record["measurements"] = measurements
+    if asserted:  # an intact run that returned: the clauses it asserted through, the paths it ran
+        record["asserted"] = list(asserted)
+        record["paths"] = list(paths or ())
     return record
 
 
@@ -117,7 +122,8 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     """(status, why) of one clause on backend `name`. It passes when every intact run of a check
     citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
     those checks, and each of those checks caught a defect of this clause (HARNESS-07: able to fail
-    is judged per clause, not per check). A defect that ran and that no check caught fails the
+    is judged per clause, not per check), and every path it names on this backend ran there in a
+    passing check that asserted through it. A defect that ran and that no check caught fails the
     clause, named."""
     if backend["status"] != "available":
         return "not available", backend.get("reason", "")
@@ -161,6 +167,13 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     unable = sorted({c["id"] for c in passed} - able)
     if unable:
         return "not covered", f"check(s) that caught no seeded defect of {clause}: " + ", ".join(unable)
+    # every path the clause names on this backend ran there, in a passing check that asserted
+    # through the clause: a check that returned early or read "not supported" ran none
+    ran = {p for c in passed if clause in c.get("asserted", ()) for p in c.get("paths", ())}
+    unrun = [p for p in registry.clauses()[clause].paths_on(name) if p not in ran]
+    if unrun:
+        where = f" on {name}" if name else ""
+        return "not covered", f"path(s) the clause names that no passing check ran{where}: " + ", ".join(unrun)
     how = "; ".join(f"{d} by {c['id']}" for d, c in caught.items())
     missing = registry.clauses()[clause].unimplemented
     if missing:

@@ -74,6 +74,21 @@ def test_certify_everything_writes_four_files_and_is_honest_about_what_is_missin
     cited = {d for c in res["cases"] for clause in c["clauses"] for d in registry.defects_of(clause)}
     assert {c["defect"] for c in res["cases"] if c["outcome"] == "caught"} <= cited
     assert res["clauses"]["HARNESS-05"]["cpu"] == res["clauses"]["HARNESS-07"]["cpu"] == "pass"
+    # each path a clause names ran on each backend where it exists, as the case records say
+    for name in available:
+        for cid, clause in registry.clauses().items():
+            ran = {
+                p
+                for c in res["cases"]
+                if c["backend"] == name
+                and c["defect"] is None
+                and c["outcome"] == "pass"
+                and cid in c.get("asserted", ())
+                for p in c["paths"]
+            }
+            assert set(clause.paths_on(name)) <= ran, f"{cid} on {name}: {set(clause.paths_on(name)) - ran} never ran"
+    # a backend-independent clause's pass says so in the matrix
+    assert "| HARNESS-05 | pass (backend-independent) |" in (tmp_path / "out" / "report.md").read_text()
     # every available backend but the CPU was warmed up before its checks, and the run says how long
     assert set(res["run"]["warm_up_s"]) == set(available) - {"cpu"}, res["run"]
     decision = res["gates"]["topology-cache"]

@@ -14,8 +14,10 @@ AVAILABLE = {"status": "available", "reason": "", "devices": []}
 ABSENT = {"status": "not available", "reason": "not compiled into this build", "devices": []}
 
 
-def case(name, clauses, outcome, backend="cpu", defect=None, message=""):
-    return {
+def case(name, clauses, outcome, backend="cpu", defect=None, message="", paths=None):
+    """A case record; an intact pass asserted through each clause it cites and, unless `paths`
+    says otherwise, ran every path they name."""
+    record = {
         "nodeid": name,
         "id": name,
         "clauses": clauses,
@@ -26,6 +28,10 @@ def case(name, clauses, outcome, backend="cpu", defect=None, message=""):
         "message": message,
         "caught": None,
     }
+    if defect is None and outcome == "pass":
+        every = [p for c in clauses for p in registry.clauses()[c].paths]
+        record |= {"asserted": list(clauses), "paths": every if paths is None else paths}
+    return record
 
 
 def proven(name, clause, backend="cpu"):
@@ -53,6 +59,49 @@ def test_a_clause_passes_only_when_each_of_its_defects_was_caught():
     assert results.clause_status("BASE-01", AVAILABLE, [])[0] == "not covered"
     assert results.clause_status("BASE-01", ABSENT, ok)[0] == "not available"
     assert results.clause_status("HOST-01", AVAILABLE, [case("h", ["HOST-01"], "pass")])[0] == "not covered"
+
+
+def test_a_clause_passes_on_a_backend_only_where_each_path_it_names_ran_there():
+    """Paths are read from what each intact run recorded at run time (its parameters, and what it
+    recorded with evidence.on_path), per backend: one that ran elsewhere, or in a run that did not
+    assert through the clause, does not count; a path that exists only on other backends (the
+    split over two RPC servers) is not asked for."""
+    clause = registry.clauses()["HARNESS-01"]
+    assert clause.path_backends["rpc_servers=2"] == ("rpc",)
+    # "offload": every backend but the CPU, the oracle, which has no device to offload to
+    assert clause.paths_on("cpu") == ()
+    assert clause.paths_on("vulkan") == ("gpu_layers=0", "gpu_layers=1", "gpu_layers=-1")
+    assert clause.paths_on("rpc") == clause.paths
+    defects = [
+        case("a", ["HARNESS-01"], "caught", b, defect=d)
+        for b in ("cpu", "rpc")
+        for d in registry.defects_of("HARNESS-01", b)
+    ]
+    placements = ["gpu_layers=0", "gpu_layers=1", "gpu_layers=-1"]
+    checks = [case("a", ["HARNESS-01"], "pass", b, paths=[] if b == "cpu" else placements) for b in ("cpu", "rpc")]
+    runs = [*defects, *checks]
+    on = {b: [c for c in runs if c["backend"] == b] for b in ("cpu", "rpc")}
+    assert results.clause_status("HARNESS-01", AVAILABLE, on["cpu"], name="cpu")[0] == "pass"
+    assert results.clause_status("HARNESS-01", AVAILABLE, on["rpc"], name="rpc") == (
+        "not covered",
+        "path(s) the clause names that no passing check ran on rpc: rpc_servers=2",
+    )
+    split = case("b", ["HARNESS-01"], "pass", "rpc", paths=["rpc_servers=2"])
+    split_caught = [
+        case("b", ["HARNESS-01"], "caught", "rpc", defect=d) for d in registry.defects_of("HARNESS-01", "rpc")
+    ]
+    assert results.clause_status("HARNESS-01", AVAILABLE, [*on["rpc"], split, *split_caught], name="rpc")[0] == "pass"
+    # a run that never asserted through the clause ran none of its paths for it
+    silent = split | {"asserted": ["HOST-01"]}
+    assert (
+        results.clause_status("HARNESS-01", AVAILABLE, [*on["rpc"], silent, *split_caught], name="rpc")[0]
+        == "not covered"
+    )
+    # a path counts on the backend that ran it only
+    run = {"start_time": "2026-01-01T00:00:00+00:00", "retro": "x", "llama_cpp": "y", "patch_series_sha256": "z"}
+    elsewhere = [c | {"backend": "cpu"} for c in (split, *split_caught)]
+    res = results.aggregate(run, {"cpu": AVAILABLE, "rpc": AVAILABLE}, [*runs, *elsewhere], ["HARNESS-01"])
+    assert res["clauses"]["HARNESS-01"] == {"cpu": "pass", "rpc": "not covered"}
 
 
 def test_a_check_that_caught_nothing_leaves_its_clause_unproven():

@@ -65,13 +65,14 @@ def test_sweep_fails_every_hit_of_graph_build_until_the_epoch_completes(model_pa
 
 def test_the_sites_are_the_forks_table_and_each_counts_its_hits(model_path):
     """The site list comes from the fork's table; one micro-batch passes each site once (the
-    fused head's support question is asked of a fused step only)."""
+    fused head's support question is asked of a fused step only), but the optimizer's state,
+    allocated once per trainer, at its first step (once per buffer type: one on the CPU)."""
     assert fi.SITES[0] == "fused_head" and fi.SITES[-1] == "compute" and len(set(fi.SITES)) == len(fi.SITES)
     with retro.Model.load(model_path, devices=[], trainable=True) as m, retro.Context(m, n_ubatch=64) as c:
         with retro.Trainer(c, optimizer=retro.SGD(lr=0.01), head="fused") as tr:
             fi.reset()
             tr.epoch(dataset(1))
-            assert {s: fi.hits(s) for s in fi.SITES} == dict.fromkeys(fi.SITES, 4)
+            assert {s: fi.hits(s) for s in fi.SITES} == dict.fromkeys(fi.SITES, 4) | {"opt_state": 1}
             fi.arm("graph_build", 2)
             with pytest.raises(retro.GraphBuildError, match="failed to build the training graph"):
                 tr.epoch(dataset(1))

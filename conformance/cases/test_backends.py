@@ -14,7 +14,7 @@ import retro
 import retro.rpc
 from retro import _child
 from retro.conformance import backends, support
-from retro.conformance.evidence import against_oracle, bound, expect
+from retro.conformance.evidence import against_oracle, bound, expect, on_path
 from retro.conformance.plugin import not_supported
 
 #: NMSE tolerances against the CPU: kernels may reorder float sums, never more. AdamW divides each
@@ -101,6 +101,7 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
     on_cpu = _train_and_decode(support.CPU, model_path, ds)
     for placement, gpu_layers in PLACEMENTS.items():
         _agrees_with_cpu(placement, _train_and_decode(backend, model_path, ds, gpu_layers), on_cpu)
+        on_path(f"gpu_layers={gpu_layers}")
 
 
 @pytest.mark.clause("HARNESS-01")
@@ -124,6 +125,7 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
         ds = support.windows(8, 256, 512, seed)
         got = _train_and_decode(split, model_path, ds)
     _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, ds))
+    on_path("rpc_servers=2")
     _serves_as_its_help_says()
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import bound, expect, measure
+from retro.conformance.evidence import bound, expect, measure, on_path
 from retro.testing import busy_processes, reference, runnable_elsewhere, upstream_epoch
 
 
@@ -401,6 +401,7 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clause
                 )
                 expect(clause, applied, f"{what}, step {i + 1}: {name} was not moved by lr times its gradient")
     measure("gradient against numpy", worst_relative_error=worst[0], where=worst[1], kind=kind, head=head)
+    on_path(f"kind={kind}")
 
 
 @pytest.mark.clause("BASE-01", "BASE-03")

@@ -13,7 +13,7 @@ import pytest
 import retro
 import retro.fault_injection as fi
 from retro.conformance import support
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 from retro.testing import live_allocations, micro_batch
 
 # site -> (its FAIL-04 sub-clause, the error class, the line the native library logs there)
@@ -27,7 +27,14 @@ BEFORE_COMPUTE = {
     "graph_meta": ("FAIL-04d", retro.GraphBuildError, "failed to allocate the graph metadata"),
     "alloc": ("FAIL-04e", retro.AllocationError, "failed to allocate the training graph"),
 }
-SITES = {**{s: v[1:] for s, v in BEFORE_COMPUTE.items()}, "compute": (retro.ComputeError, "backend compute failed")}
+# site -> (the error class, the line logged there): the optimizer's state, allocated once per
+# trainer (its first step, or a restore) and so before any step of its own
+PREPARATION = {"opt_state": (retro.AllocationError, "failed to allocate the optimizer's gradient accumulators")}
+SITES = {
+    **{s: v[1:] for s, v in BEFORE_COMPUTE.items()},
+    **PREPARATION,
+    "compute": (retro.ComputeError, "backend compute failed"),
+}
 assert set(SITES) == set(fi.SITES), "a fault site of the fork has no failure check"
 
 
@@ -46,22 +53,41 @@ def _trainer(ctx: retro.Context, accumulation: int = 1, optimizer: str = "sgd", 
 
 @pytest.mark.clause("FAIL-01")
 def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model_path, seed):
+    """Every site failed in a step (its second micro-batch; the optimizer's state, at the first
+    step that allocates it), and in preparation: the optimizer's state of a restore. Each raises
+    its own class carrying the line the native library logged there."""
     with support.load(backend, model_path, trainable=False) as probe:
         ds = support.windows(1, 256, probe.n_vocab, seed + 20)
-    for site, (cls, diagnostic) in SITES.items():
+
+    def raises_its_own(site: str, call) -> None:
+        cls, diagnostic = SITES[site]
+        with pytest.raises(retro.RetroError) as err:
+            call()
+        expect("FAIL-01", type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}")
+        expect("FAIL-01", diagnostic in str(err.value), f"{site}: no native diagnostic in {str(err.value)!r}")
+
+    for site in SITES:
         with (
             support.load(backend, model_path) as model,
             support.context(model, n_ubatch=64) as ctx,
             _trainer(ctx, site=site) as tr,
         ):
             fi.reset()
-            fi.arm(site, 2)
-            with pytest.raises(retro.RetroError) as err:
-                tr.epoch(ds)
-            expect(
-                "FAIL-01", type(err.value) is cls, f"{site}: raised {type(err.value).__name__}, expected {cls.__name__}"
-            )
-            expect("FAIL-01", diagnostic in str(err.value), f"{site}: no native diagnostic in {str(err.value)!r}")
+            fi.arm(site, 1 if site in PREPARATION else 2)
+            raises_its_own(site, lambda: tr.epoch(ds))
+    on_path("when=step")
+    for site in PREPARATION:
+        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
+            with _trainer(ctx, optimizer="adamw") as tr:
+                start = tr.checkpoint()
+                fi.reset()
+                fi.arm(site, 1)
+                raises_its_own(site, lambda: tr.restore(start))
+                fi.reset()
+                expect("FAIL-01", not tr.poisoned, f"{site}: a failed preparation poisoned the trainer")
+                tr.restore(start)  # the memory is back: the same trainer prepares and trains
+                expect("FAIL-01", tr.epoch(ds).epoch_complete, f"{site}: no epoch after the failed preparation")
+    on_path("when=preparation")
 
 
 @pytest.mark.clause("FAIL-02", "FAIL-03")
@@ -130,6 +156,7 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
                 heard == [(True, i) for i in range(1, k)],
                 f"{site} at {k}: the C epoch callback heard of {heard}",
             )
+            on_path("callback=progress", "callback=epoch")
             completed_steps = (pending + k - 1) // accumulation
             expect(
                 "FAIL-03",

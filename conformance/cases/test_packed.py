@@ -16,7 +16,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 from retro.testing import last_step_tokens, micro_batch, packed_batch
 
 WIDTH = 256
@@ -120,6 +120,7 @@ def test_packed_arrays_are_read_in_place_and_not_kept(backend, model_path, seed)
             caller.clear()
             alive = support.released(refs)
             expect("HOST-01", not alive, f"the caller dropped the packed dataset, yet its {alive} live on")
+            on_path("kind=packed")
 
 
 @pytest.mark.clause("HOST-03")

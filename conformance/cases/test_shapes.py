@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import retro
 import retro.fault_injection as fi
 from retro.conformance import support
-from retro.conformance.evidence import expect
+from retro.conformance.evidence import expect, on_path
 
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 TYPED = (ValueError, TypeError, OverflowError)
@@ -260,6 +260,8 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
             )
             expect("SHAPE-01", fi.hits("compute") == 0, f"{what}: a bad call reached the backend")
             expect("SHAPE-01", _state(model, tr) == before, f"{what}: a rejected call changed the trainer's state")
+        # each input's details were met above, each asserted on (_bad_details lists them by input)
+        on_path("input=token", "input=weighted", "input=top-k", "input=packed", "input=schedule")
 
 
 @pytest.mark.clause("SHAPE-02")
