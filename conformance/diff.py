@@ -1,7 +1,7 @@
 """What changed between two results packages (two releases, two pull requests, two machines):
 the builds, each clause's status and each case's result code per backend (regressions first),
-CPU-oracle figures that moved, and timings that changed beyond noise. The headline is the verdict
-per clause and backend: a seeded-defect run whose result changed is listed apart and is never a
+bounded errors that moved (against the CPU oracle, numpy), and timings that changed beyond
+noise. The headline is the verdict per clause and backend: a seeded-defect run whose result changed is listed apart and is never a
 regression by itself (a defect is written for one path; whether it escaped every check is its
 clause's status, which is compared). `retro-conformance diff`
 prints it and exits 1 on a regression, so that CI can gate on it; `--markdown` writes the same
@@ -20,8 +20,8 @@ GOOD_CASE = ("pass", "caught", "not available")
 NOT_COMPARED = ("not selected", "not available")
 #: a case's duration changed beyond noise when it moved by both this factor and this many seconds
 TIMING_FACTOR, TIMING_FLOOR_S = 1.5, 0.5
-#: an oracle figure moved when its NMSE changed by more than this share of its tolerance
-ORACLE_SHARE = 0.1
+#: a bounded error moved when it changed by more than this share of its limit
+BOUND_SHARE = 0.1
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Diff:
     not_compared: list[Change] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    oracle: list[Change] = field(default_factory=list)
+    bounded: list[Change] = field(default_factory=list)
     timings: list[Change] = field(default_factory=list)
 
     @property
@@ -125,18 +125,18 @@ def compare(old: dict, new: dict) -> Diff:
             slow, fast = max(p["duration_s"], c["duration_s"]), min(p["duration_s"], c["duration_s"])
             if slow - fast > TIMING_FLOOR_S and slow > TIMING_FACTOR * max(fast, 1e-9):
                 d.timings.append(Change(_case_label(c), f"{p['duration_s']:.2f} s", f"{c['duration_s']:.2f} s"))
-        figures = {o["observation"]: o for o in p.get("oracle", [])}
-        for o in c.get("oracle", []):
+        figures = {o["observation"]: o for o in p.get("bounds", [])}
+        for o in c.get("bounds", []):
             q = figures.get(o["observation"])
-            if q is not None and abs(o["nmse"] - q["nmse"]) > ORACLE_SHARE * o["tolerance"]:
-                crossed = q["nmse"] <= q["tolerance"] < o["nmse"]
+            if q is not None and abs(o["error"] - q["error"]) > BOUND_SHARE * o["limit"]:
+                crossed = q["error"] <= q["limit"] < o["error"]
                 change = Change(
                     f"{_case_label(c)}: {o['observation']}",
-                    f"NMSE {q['nmse']:.3g}",
-                    f"NMSE {o['nmse']:.3g}",
-                    f"tolerance {o['tolerance']:g}" + (", now beyond it" if crossed else ""),
+                    f"{q['error']:.3g}",
+                    f"{o['error']:.3g}",
+                    f"{o['bound']} {o['limit']:g}" + (", now beyond it" if crossed else ""),
                 )
-                d.oracle.append(change)
+                d.bounded.append(change)
                 if crossed and c["defect"] is None:  # a defect run's figures are its clause's to judge
                     d.regressions.append(change)
     d.timings.sort(key=lambda ch: -abs(float(ch.new.split()[0]) - float(ch.old.split()[0])))
@@ -165,7 +165,7 @@ def _sections(d: Diff) -> list[tuple[str, list[str]]]:
         ("Seeded-defect runs that changed (their clauses' statuses above decide)", [c.line() for c in d.defect_runs]),
         ("Cases added", d.added),
         ("Cases removed", d.removed),
-        ("CPU-oracle figures that moved", [c.line() for c in d.oracle]),
+        ("bounded errors that moved", [c.line() for c in d.bounded]),
         (f"Timings beyond noise (x{TIMING_FACTOR:g} and {TIMING_FLOOR_S:g} s)", [c.line() for c in d.timings]),
     ]
 

@@ -172,13 +172,45 @@ def _grid(results: dict) -> str:
     return f'<p class="legend">{legend}</p><table id="grid">{head}{"".join(rows)}</table>'
 
 
+BOUND_COLUMNS = ("bound", "limit", "largest intact error", "weakest seeded defect over it", "why so wide")
+
+
+def bound_rows(results: dict) -> list[tuple[str, ...]]:
+    """The bound table (results.bound_table) as text, one row per bound, per backend in each cell;
+    a limit more than evidence.WIDE times the intact error with no reason says so."""
+
+    def per_backend(figures: dict[str, float]) -> str:
+        return "; ".join(f"{n} {v:.3g}" for n, v in figures.items()) or "-"
+
+    rows: list[tuple[str, ...]] = []
+    for b in results.get("bounds", []):
+        weakest = min(b["defects"].items(), key=lambda kv: kv[1]) if b["defects"] else None
+        why = b["reason"] or (f"NONE, yet wide on {', '.join(b['unexplained'])}" if b["unexplained"] else "-")
+        rows.append(
+            (
+                b["bound"],
+                per_backend(b["limit"]),
+                per_backend(b["intact"]),
+                f"{weakest[0]} {weakest[1]:.3g}" if weakest else "-",
+                why,
+            )
+        )
+    return rows
+
+
+def _bounds(results: dict) -> str:
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in BOUND_COLUMNS) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in bound_rows(results))
+    return f'<table id="bounds">{head}{body}</table>' if body else "<p>No check held an error to a bound.</p>"
+
+
 def _case_line(c: dict) -> str:
     label = escape(c["id"]) + (f" [defect {escape(c['defect'])}]" if c["defect"] else "")
     extra = []
     if c.get("caught"):
         extra.append(f"caught by {escape(c['caught']['clause'])}: {escape(c['caught']['assertion'][:300])}")
-    for o in c.get("oracle", []):
-        extra.append(f"oracle: {escape(o['observation'])}: NMSE {o['nmse']:.3g} (tolerance {o['tolerance']:g})")
+    for o in c.get("bounds", []):
+        extra.append(f"{escape(o['bound'])}: {escape(o['observation'])}: {o['error']:.3g} (limit {o['limit']:g})")
     for m in c.get("measurements", []):
         extra.append("measurement: " + escape(", ".join(f"{k}={v}" for k, v in m.items())))
     message = (
@@ -219,6 +251,7 @@ def report_html(results: dict) -> str:
         f"<h2>Verdict</h2>{_verdicts(results)}{_gates(results)}{_not_passing(results)}"
         f"<h2>Run</h2>{_run_facts(results)}"
         f"<h2>Clauses</h2>{_grid(results)}"
+        f"<h2>Bounds</h2>{_bounds(results)}"
         f"<h2>Evidence</h2>{_evidence(results)}"
         f"<p>digest <code>{escape(results['digest'])}</code></p>"
         "</body></html>\n"

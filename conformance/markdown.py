@@ -54,6 +54,16 @@ def report(results: dict) -> str:
         )
         marks = [_MARK[row[n]] + html.scope_note(cid, row[n]) for n in names]
         lines.append(f"| {cid} | " + " | ".join(marks) + f" | {why} |")
+    rows = html.bound_rows(results)
+    if rows:  # each limit beside what the intact runs measured and the weakest defect it caught
+        lines += [
+            "",
+            "## Bounds",
+            "",
+            "| " + " | ".join(html.BOUND_COLUMNS) + " |",
+            "|---" * len(html.BOUND_COLUMNS) + "|",
+        ]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
     for decision in results.get("gates", {}).values():
         lines += [
             "",

@@ -50,7 +50,7 @@ class CaseMeta:
         self.message = ""
         self.duration = 0.0
         self.caught: dict[str, str] | None = None  # {clause, assertion} of a caught defect
-        self.oracle: list[dict] = []  # comparisons with the CPU oracle (evidence.against_oracle)
+        self.bounds: list[dict] = []  # errors held to a bound (evidence.within, against_oracle)
         self.measurements: list[dict] = []  # figures recorded beside the assertions (evidence.measure)
 
 
@@ -218,7 +218,7 @@ def pytest_runtest_call(item: pytest.Item):
     if meta is None:
         return (yield)
     defect = registry.defects()[meta.variant.defect] if meta.variant.defect else None
-    ledger = evidence.begin(defect.clause if defect else None)
+    ledger = evidence.begin(defect.clause if defect else None, meta.variant.backend)
     try:
         if defect is None:
             result = yield
@@ -251,7 +251,7 @@ def pytest_runtest_call(item: pytest.Item):
         )
         return None
     finally:
-        meta.oracle = ledger.oracle
+        meta.bounds = list(ledger.bounds.values())
         meta.measurements = ledger.measurements
         evidence.end()
 
@@ -320,7 +320,7 @@ class Recorder:
                 duration_s=meta.duration,
                 message=meta.message,
                 caught=meta.caught,
-                oracle=meta.oracle,
+                bounds=meta.bounds,
                 measurements=meta.measurements,
                 asserted=meta.asserted,
                 paths=meta.ran,

@@ -16,7 +16,7 @@ from retro import _gate
 from retro._gate import digest as digest  # the package's integrity: the trainer's gate checks it too
 from retro._gate import verify as verify
 
-from . import gate, html, junit, markdown, registry
+from . import evidence, gate, html, junit, markdown, registry
 from .outcomes import CASE_CODES, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED
 
 SCHEMA = _gate.SCHEMA
@@ -34,7 +34,7 @@ def case_record(
     duration_s: float,
     message: str,
     caught: dict[str, str] | None = None,
-    oracle: list[dict] | None = None,
+    bounds: list[dict] | None = None,
     measurements: list[dict] | None = None,
     asserted: list[str] | None = None,
     paths: list[str] | None = None,
@@ -55,8 +55,8 @@ def case_record(
         "message": message[:4000],
         "caught": caught,
     }
-    if oracle:
-        record["oracle"] = oracle
+    if bounds:
+        record["bounds"] = bounds
     if measurements:
         record["measurements"] = measurements
     if asserted:  # an intact run that returned: the clauses it asserted through, the paths it ran
@@ -224,9 +224,37 @@ def aggregate(
         "cases": cases,
         "verdict": verdict,
     }
+    out["bounds"] = bound_table(cases)
     out["gates"] = {gate.NAME: gate.decide(out)}
     out["digest"] = digest(out)
     return out
+
+
+def bound_table(cases: list[dict]) -> list[dict]:
+    """Every bound the checks held an error to (evidence.within), by name: the limit applied on each
+    backend, the largest error an intact run measured there, and each seeded defect that crossed it
+    with the largest error its run measured. `unexplained`: the backends where the limit is more
+    than evidence.WIDE times the intact error and the bound gives no reason."""
+    table: dict[str, dict] = {}
+    for c in cases:
+        for b in c.get("bounds", ()):
+            row = table.setdefault(
+                b["bound"],
+                {"bound": b["bound"], "reason": b.get("reason", ""), "limit": {}, "intact": {}, "defects": {}},
+            )
+            name = c["backend"]
+            row["limit"][name] = b["limit"]
+            if c["defect"] is None:
+                row["intact"][name] = max(row["intact"].get(name, 0.0), b["error"])
+            elif b["error"] > b["limit"]:
+                row["defects"][c["defect"]] = max(row["defects"].get(c["defect"], 0.0), b["error"])
+    for row in table.values():
+        row["unexplained"] = (
+            []
+            if row["reason"]
+            else sorted(n for n, err in row["intact"].items() if row["limit"][n] > evidence.WIDE * err)
+        )
+    return sorted(table.values(), key=lambda r: r["bound"])
 
 
 def case_key(c: dict) -> tuple[str, str, str, str]:
@@ -237,10 +265,11 @@ def comparable(results: dict) -> dict:
     """A results package less what differs between two runs of one build on one machine by time
     and scheduling alone: when and how long (durations, the warm-ups, the checks' timing measurements and the
     gate's figures from them), the digest, the command line, the RPC servers' endpoints, and what a
-    caught defect's run measured (its assertion's text and oracle figures: a timing, a thread
+    caught defect's run measured (its assertion's text and bounded errors: a timing, a thread
     interleaving, a process-wide counter). Outcomes, statuses, the verdict, the gate's decision and
-    every intact run's message and oracle figures are kept."""
-    out = json.loads(json.dumps({k: v for k, v in results.items() if k != "digest"}))
+    every intact run's message and bounded errors are kept (the bound table, which also reads the
+    defects' runs, is left out)."""
+    out = json.loads(json.dumps({k: v for k, v in results.items() if k not in ("digest", "bounds")}))
     for run in (out["run"], *out["shards"]):
         for key in ("start_time", "command", "host", "warm_up_s"):
             run.pop(key, None)
@@ -253,7 +282,7 @@ def comparable(results: dict) -> dict:
         if c["outcome"] == "caught":
             c["message"] = ""
             c["caught"] = {"clause": c["caught"]["clause"]}
-            c.pop("oracle", None)
+            c.pop("bounds", None)
     for g in out.get("gates", {}).values():
         g["evidence"] = [e for e in g["evidence"] if " µs" not in e and "%" not in e]
     return out

@@ -87,6 +87,9 @@ def test_certify_everything_writes_four_files_and_is_honest_about_what_is_missin
                 for p in c["paths"]
             }
             assert set(clause.paths_on(name)) <= ran, f"{cid} on {name}: {set(clause.paths_on(name)) - ran} never ran"
+    # every bound sits within evidence.WIDE times what the intact runs measured, or says why not
+    unexplained = {b["bound"]: (b["limit"], b["intact"]) for b in res["bounds"] if b["unexplained"]}
+    assert not unexplained, unexplained
     # a backend-independent clause's pass says so in the matrix
     assert "| HARNESS-05 | pass (backend-independent) |" in (tmp_path / "out" / "report.md").read_text()
     # every available backend but the CPU was warmed up before its checks, and the run says how long

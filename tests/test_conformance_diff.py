@@ -23,7 +23,7 @@ def _package(cases: list[dict], backends: dict | None = None, **run: object) -> 
 def _release() -> list[dict]:
     cs = [*proven("a", "BASE-01"), *proven("b", "BASE-02"), *proven("c", "BASE-03")]
     cs += [*proven("a", "BASE-01", "rpc"), *proven("b", "BASE-02", "rpc"), *proven("c", "BASE-03", "rpc")]
-    cs[0]["oracle"] = [{"observation": "logits", "nmse": 1e-8, "tolerance": 1e-6}]
+    cs[0]["bounds"] = [{"bound": "logits NMSE", "observation": "logits", "error": 1e-8, "limit": 1e-6}]
     return cs
 
 
@@ -38,7 +38,7 @@ def test_a_seeded_regression_is_found_first_and_exits_1(tmp_path, capsys):
     # the regression: BASE-02's defect now escapes its check (a check gone blind)
     blind = next(c for c in cases if c["defect"] == "BASE-02")
     blind["outcome"], blind["message"] = "survived", "seeded defect BASE-02 survived every assertion"
-    cases[0]["oracle"][0]["nmse"] = 5e-7  # moved by half the tolerance, still within it
+    cases[0]["bounds"][0]["error"] = 5e-7  # moved by half the limit, still within it
     cases[0]["duration_s"] = 3.0  # 0.1 s before
     new = _package(cases, patch_series_sha256="def", patches=["0001-a.patch", "0002-b.patch"])
     d = diff.compare(old, new)
@@ -48,7 +48,7 @@ def test_a_seeded_regression_is_found_first_and_exits_1(tmp_path, capsys):
     assert d.regressions[0].old == "pass" and d.regressions[0].new == "fail"
     assert [v.line() for v in d.verdicts] == ["cpu: certified -> not certified"]
     assert "patch series: abc -> def" in d.builds and any("added ['0002-b.patch']" in b for b in d.builds)
-    assert [c.where for c in d.oracle] == ["cpu: a: logits"] and not any(c in d.regressions for c in d.oracle)
+    assert [c.where for c in d.bounded] == ["cpu: a: logits"] and not any(c in d.regressions for c in d.bounded)
     assert [c.where for c in d.timings] == ["cpu: a"]
 
     rc = cli.main(

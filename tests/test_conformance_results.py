@@ -264,3 +264,39 @@ def test_the_schema_speaks_the_result_codes_of_outcomes():
     assert tuple(schema["$defs"]["caseCode"]["enum"]) == outcomes.CASE_CODES
     assert tuple(schema["$defs"]["clauseCode"]["enum"]) == outcomes.CLAUSE_CODES
     assert {outcomes.NotSupported.code, outcomes.NotAvailable.code} <= set(outcomes.CASE_CODES)
+
+
+def test_each_bound_is_shown_beside_what_intact_runs_and_seeded_defects_measured():
+    """The bound table (results.bound_table): per bound, the limit on each backend, the largest
+    intact error there, each seeded defect that crossed it, and the backends where the limit is
+    more than evidence.WIDE times the intact error with no reason given."""
+    from retro.conformance import evidence
+
+    def held(c, name, error, limit, reason=""):
+        record = {"bound": name, "observation": "x", "error": error, "limit": limit}
+        return c | {"bounds": [record | ({"reason": reason} if reason else {})]}
+
+    cs = [
+        held(case("a", ["BASE-01"], "pass"), "tight", 2e-7, 1e-6),
+        held(case("a", ["BASE-01"], "pass", "rpc"), "tight", 0.0, 1e-6),
+        held(case("a", ["BASE-01"], "caught", defect="BASE-01"), "tight", 3e-2, 1e-6),
+        held(case("a", ["BASE-01"], "caught", defect="BASE-01.eval-period"), "tight", 5e-7, 1e-6),  # within: not it
+        held(case("b", ["BASE-02"], "pass"), "explained", 0.0, 1e-5, reason="sized for a GPU"),
+    ]
+    table = {b["bound"]: b for b in results.bound_table(cs)}
+    assert table["tight"] == {
+        "bound": "tight",
+        "reason": "",
+        "limit": {"cpu": 1e-6, "rpc": 1e-6},
+        "intact": {"cpu": 2e-7, "rpc": 0.0},
+        "defects": {"BASE-01": 3e-2},
+        "unexplained": ["rpc"],
+    }
+    assert table["explained"]["unexplained"] == []
+    # a limit for the CPU's kernels (CPU and RPC) tighter than a GPU's
+    b = evidence.Bound("b", 1e-3, cpu=1e-6)
+    assert (b.on("cpu"), b.on("rpc"), b.on("vulkan")) == (1e-6, 1e-6, 1e-3)
+    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "rpc": AVAILABLE}, cs, ["BASE-01", "BASE-02"])
+    assert res["bounds"] == results.bound_table(cs)
+    report = markdown.report(res)
+    assert "| tight | cpu 1e-06; rpc 1e-06 | cpu 2e-07; rpc 0 | BASE-01 0.03 | NONE, yet wide on rpc |" in report

@@ -47,7 +47,7 @@ def _package() -> dict:
         case("d", ["CANCEL-01"], "not supported", message="no such op"),
         case("e", ["CANCEL-02"], "expected failure", message="driver bug"),
     ]
-    cs[0]["oracle"] = [{"observation": "logits", "nmse": 1e-9, "tolerance": 1e-6}]
+    cs[0]["bounds"] = [{"bound": "logits NMSE", "observation": "logits", "error": 1e-9, "limit": 1e-6}]
     selected = ["BASE-01", "BASE-02", "BASE-03", "CANCEL-01", "CANCEL-02", "CANCEL-03"]
     return results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, selected)
 

@@ -14,15 +14,19 @@ import retro
 import retro.rpc
 from retro import _child
 from retro.conformance import backends, support
-from retro.conformance.evidence import against_oracle, bound, expect, on_path
+from retro.conformance.evidence import Bound, against_oracle, bound, expect, on_path
 from retro.conformance.plugin import not_supported
 
-#: NMSE tolerances against the CPU: kernels may reorder float sums, never more. AdamW divides each
-#: gradient by its own running magnitude, so rounding differences in small gradients grow into
-#: parameter differences: 3e-6 measured on Vulkan (lavapipe) after 8 steps, and the trained
-#: model's logits inherit them (1.6e-6), against 4e-4 in the loss alone when the moments' updates
-#: are lost (HARNESS-01.state-placement). The moments themselves: m 9.6e-6, v 2.4e-6 on lavapipe.
-TOLERANCE = {"loss": 1e-8, "parameters": 1e-5, "logits": 1e-5, "moments": 1e-4}
+#: NMSE against the CPU: kernels may reorder float sums, never more. AdamW divides each gradient
+#: by its own running magnitude, so rounding differences in small gradients grow into the
+#: parameters, and the trained model's logits inherit them; what each measured, intact and under
+#: the seeded defects, is in the report's bound table
+TOLERANCE = {
+    "loss": Bound("HARNESS-01 train loss NMSE", 1e-8, reason=support.GPU_KERNELS),
+    "parameters": Bound("HARNESS-01 parameters NMSE after 8 AdamW steps", 1e-5, reason=support.GPU_KERNELS),
+    "logits": Bound("HARNESS-01 decode logits NMSE", 1e-5, reason=support.GPU_KERNELS),
+    "moments": Bound("HARNESS-01 AdamW moments NMSE", 1e-4, reason=support.GPU_KERNELS),
+}
 
 
 #: where the weights are, with the backend's devices present: none offloaded, one layer, all

@@ -14,7 +14,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import bound, expect, measure, on_path
+from retro.conformance.evidence import Bound, bound, expect, measure, on_path, within
 from retro.testing import busy_processes, reference, runnable_elsewhere, upstream_epoch
 
 
@@ -274,6 +274,13 @@ def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, t
         support.assert_params_equal(reloaded.parameters(), read_back, backend, "reloaded vs before saving")
 
 
+#: AdamW's second moment against its first, as the update computes both (float32 squares)
+ADAMW_SECOND_MOMENT = Bound("BASE-03 AdamW v vs (1 - b2) g^2, relative", 1e-4, cpu=5e-6, reason=support.GPU_KERNELS)
+#: a step's parameters read back against numpy's update of the weights read before it (float32
+#: rounding of the update, on weights of order 1)
+STEP_READ_BACK = Bound("BASE-03 step read back vs numpy's update, absolute", 1e-6, cpu=5e-8, reason=support.GPU_KERNELS)
+
+
 @pytest.mark.clause("BASE-03")
 def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, seed):
     """After one AdamW step from zero moments, with none of the options at its default, the
@@ -301,12 +308,15 @@ def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, s
     for name, (m, v) in trained.items():
         with bound("BASE-03"):
             assert m.shape == w0[name].shape and v.shape == w0[name].shape, f"{name}: moment shapes"
-            g = m / (1 - opt.beta1)
-            np.testing.assert_allclose(v, (1 - opt.beta2) * g * g, rtol=1e-4, atol=1e-30, err_msg=f"{name}: v vs m")
-            step = opt.lr * (m / (1 - opt.beta1)) / (np.sqrt(v / (1 - opt.beta2)) + opt.eps)
-            decayed = w0[name] * (1 - opt.lr * opt.weight_decay)
-            np.testing.assert_allclose(w1[name], decayed - step, rtol=0, atol=1e-6, err_msg=f"{name}: w1 vs w0 - step")
             assert np.any(m != 0), f"{name}: all-zero first moment after a step"
+        g = m / (1 - opt.beta1)
+        second = (1 - opt.beta2) * g * g
+        off = float(np.max(np.abs(v - second) / np.maximum(np.abs(second), 1e-30)))
+        within("BASE-03", ADAMW_SECOND_MOMENT, f"{name}: v vs (1 - b2) g^2", off, "relative error")
+        step = opt.lr * (m / (1 - opt.beta1)) / (np.sqrt(v / (1 - opt.beta2)) + opt.eps)
+        decayed = w0[name] * (1 - opt.lr * opt.weight_decay)
+        off = float(np.max(np.abs(w1[name] - (decayed - step))))
+        within("BASE-03", STEP_READ_BACK, f"{name}: AdamW w1 vs numpy's", off, "absolute error")
 
 
 @pytest.mark.clause("BASE-03")
@@ -329,16 +339,31 @@ def test_an_sgd_step_read_back_matches_numpy(backend, model_path, seed):
     # (K and V get no gradient unless n_ubatch == n_ctx: a known limit of the pinned llama.cpp)
     expect("BASE-03", np.any(trained["output.weight"] != 0), "output.weight: zero gradient")
     for name, g in trained.items():
-        with bound("BASE-03"):
-            expected = w0[name] * (1 - opt.lr * opt.weight_decay) - opt.lr * g
-            np.testing.assert_allclose(w1[name], expected, rtol=0, atol=1e-6, err_msg=f"{name}: w1 vs numpy's SGD step")
+        expected = w0[name] * (1 - opt.lr * opt.weight_decay) - opt.lr * g
+        off = float(np.max(np.abs(w1[name] - expected)))
+        within("BASE-03", STEP_READ_BACK, f"{name}: SGD w1 vs numpy's", off, "absolute error")
 
 
 #: per weight, the gradient accumulated over a period (read back) against numpy's, as
-#: ||accumulated - numpy|| / ||numpy||: float32 compute (and an f16 KV cache in micro-batches)
-#: against float64. Measured on the CPU: 1e-6 in whole windows, 3.6e-4 in micro-batches; on
-#: Vulkan (lavapipe) 5.3e-4 and 1.4e-3. The seeded defects read 2.9e-2 and more.
-GRADIENT_REL = 5e-3
+#: ||accumulated - numpy|| / ||numpy||: float32 compute against float64 in whole windows; in
+#: micro-batches the KV cache holds the keys and values in f16 as well. A GPU's kernels reorder
+#: float sums (and may use lower-precision products): their limit is wider than the CPU's.
+GRADIENT_REL = {
+    "whole windows": Bound(
+        "BASE-01 gradient vs numpy in whole windows, relative", 5e-3, cpu=1e-5, reason=support.GPU_KERNELS
+    ),
+    "micro-batches": Bound(
+        "BASE-01 gradient vs numpy in micro-batches (f16 KV cache), relative",
+        5e-3,
+        cpu=2e-3,
+        reason=support.GPU_KERNELS,
+    ),
+}
+#: a step moves each weight by lr times its accumulated gradient: with lr 1 the CPU's w - lr * g
+#: is numpy's to the bit
+STEP_APPLIED = Bound(
+    "BASE-01 step applied vs lr times the accumulator, absolute", 1e-6, cpu=0.0, reason=support.GPU_KERNELS
+)
 
 
 def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clauses):
@@ -366,8 +391,8 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clause
                 steps.append((before, after, {n: tr.gradient_accumulator(n) for n in after}))
     with bound("BASE-03"):  # the first step's start, read back, must be the file's tensors
         support.assert_params_equal(w0, support.file_tensors(model_path), backend, "read-back vs the model file")
-    worst = (0.0, "")
     what = f"{kind} targets, {head} head, n_ubatch {n_ubatch}"
+    gradient = GRADIENT_REL["micro-batches" if n_ubatch < n_ctx else "whole windows"]
     for i, (before, after, accumulators) in enumerate(steps):
         start = {n: a.astype(np.float64) for n, a in before.items()}
         windows = range(i * period, (i + 1) * period)
@@ -391,16 +416,10 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clause
             if acc is None:
                 continue
             rel = float(np.linalg.norm(acc - want) / np.linalg.norm(want))
-            worst = max(worst, (rel, f"step {i + 1}, {name}"))
-            applied = bool(np.allclose(after[name], before[name] - lr * acc, rtol=0, atol=1e-6))
+            off = float(np.max(np.abs(after[name] - (before[name] - lr * acc))))
             for clause in clauses:
-                expect(
-                    clause,
-                    rel <= GRADIENT_REL,
-                    f"{what}, step {i + 1}: {name} accumulated a gradient {rel:.2e} (relative) from numpy's",
-                )
-                expect(clause, applied, f"{what}, step {i + 1}: {name} was not moved by lr times its gradient")
-    measure("gradient against numpy", worst_relative_error=worst[0], where=worst[1], kind=kind, head=head)
+                within(clause, gradient, f"{what}, step {i + 1}: {name}'s gradient", rel, "relative error from numpy's")
+                within(clause, STEP_APPLIED, f"{what}, step {i + 1}: {name} moved", off, "off lr times its gradient by")
     on_path(f"kind={kind}")
 
 

@@ -23,8 +23,12 @@ from retro.conformance.cases._transactions import (
     steer,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect, measure
+from retro.conformance.evidence import Bound, bound, expect, measure, within
 from retro.transactions import Profile, ProfileError, Transaction
+
+#: a node's rows captured in micro-batches against the same rows of one whole batch: the same
+#: kernels on the same rows, on the CPU to the bit (rows out of place differ by O(1))
+SPLIT_ROWS = Bound("TX-ACC-07 rows captured split vs whole, absolute", 1e-6, cpu=0.0, reason=support.GPU_KERNELS)
 
 
 def refused(node: str, message: str) -> tuple[str, str, str, str, str]:
@@ -159,7 +163,8 @@ def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded):
         ctx.decode(TOKENS)
         _, whole = rows_of(ctx.drain_captures(), "attn_norm-0")
     with bound("TX-ACC-07"):
-        np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-6, err_msg="rows out of place")
+        assert split.shape == whole.shape, f"{split.shape} rows split, {whole.shape} whole"
+    within("TX-ACC-07", SPLIT_ROWS, "attn_norm-0 rows split vs whole", float(np.max(np.abs(split - whole))))
     with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
         ctx.generate(TOKENS[:6], 1)
         positions, _ = rows_of(ctx.drain_captures(), "result_norm")
