@@ -18,14 +18,19 @@ from retro.conformance.cases._transactions import (
     decode_ok,
     fails_closed,
     foreign_profile,
+    plain_context,
     plain_state,
     rows_of,
     steer,
     tx_context,
 )
 from retro.conformance.evidence import Bound, bound, expect, measure, within
+from retro.testing import reference
 from retro.transactions import Profile, ProfileError, Transaction
 
+#: attn_norm-0 as the handler sees it against numpy's RMS norm of the token embeddings (float32
+#: against float64; an uncomputed node holds another graph's values, off by O(1))
+NORM_ROWS = Bound("TX-ACC-01 attn_norm-0 seen vs numpy, relative", 1e-5, cpu=5e-7, reason=support.GPU_KERNELS)
 #: a node's rows captured in micro-batches against the same rows of one whole batch: the same
 #: kernels on the same rows, on the CPU to the bit (rows out of place differ by O(1))
 SPLIT_ROWS = Bound("TX-ACC-07 rows captured split vs whole, absolute", 1e-6, cpu=0.0, reason=support.GPU_KERNELS)
@@ -38,10 +43,16 @@ def refused(node: str, message: str) -> tuple[str, str, str, str, str]:
 
 
 @pytest.mark.clause("TX-ACC-01", "TX-ACC-08")
-def test_the_handler_sees_the_complete_computed_tensor(backend, loaded):
+def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_path):
     """The copy of result_output the handler gets, micro-batch by micro-batch, is the complete
-    tensor llama.cpp computed: row for row the logits the decode returns."""
+    tensor llama.cpp computed: row for row the logits the decode returns, and those are the logits
+    of a decode without transactions (a node read before this decode computed it holds what an
+    earlier graph left there, and whatever read it after would too). A node inside the graph,
+    attn_norm-0, is what numpy computes from the model file for these tokens, and selecting it
+    leaves the decode's logits as they are without transactions."""
     model, profile = loaded
+    with plain_context(model) as plain:
+        untouched = plain.decode(TOKENS)
     seen: list[np.ndarray] = []
     with tx_context(model, profile, [profile.select("result_output")], lambda t: seen.append(t.data)) as ctx:
         logits = ctx.decode(TOKENS)
@@ -49,6 +60,24 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded):
     with bound("TX-ACC-01"):
         assert got.shape == logits.shape, f"{got.shape} rows seen for logits {logits.shape}"
         assert np.array_equal(got[:, :1], logits[:, :1]), "the node was read before it was computed"
+        support.assert_close(logits, untouched, backend, "logits with result_output selected vs without transactions")
+    norms: list[np.ndarray] = []
+    with tx_context(model, profile, [profile.select("attn_norm-0")], lambda t: norms.append(t.data)) as ctx:
+        logits = ctx.decode(TOKENS)
+    with bound("TX-ACC-01"):
+        support.assert_close(logits, untouched, backend, "logits with attn_norm-0 selected vs without transactions")
+        assert sum(len(n) for n in norms) == len(TOKENS), f"{[len(n) for n in norms]} rows of attn_norm-0 seen"
+    weights = reference.read_weights(model_path)
+    x = weights["token_embd.weight"][TOKENS]
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + reference.RMS_EPS) * weights["blk.0.attn_norm.weight"]
+    off = float(np.max(np.abs(np.concatenate(norms) - want) / np.max(np.abs(want))))
+    within(
+        "TX-ACC-01",
+        NORM_ROWS,
+        "attn_norm-0 rows seen vs numpy's",
+        off,
+        "largest error, relative to the largest row value",
+    )
     with bound("TX-ACC-08"):
         np.testing.assert_array_equal(got, logits, err_msg="the copy is not the whole tensor")
         assert all(a.flags.owndata for a in seen), "the handler got a view, not an owned copy"
@@ -69,6 +98,18 @@ def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
         for name in ("l_out", "l_out-", "Qcur-0"):
             with bound("TX-ACC-02"), pytest.raises(ProfileError):
                 profile.select(name)
+        # a name the graph gives two nodes (norm-0: the attention's and the FFN's input norms),
+        # presented as one by a stale profile: in a decode of one micro-batch, the second node of
+        # that name fails closed after decode, named for what it is
+        twice = foreign_profile(profile, "norm-0", occurrences=1)
+        seen: list[Transaction] = []
+        with tx_context(model, twice, [twice.select("norm-0")], seen.append) as ctx, bound("TX-ACC-02"):
+            with pytest.raises(retro.TensorCallbackError) as err:
+                ctx.decode(TOKENS[:4])
+            failure = err.value.failure
+            assert (failure.kind, failure.node) == ("layout", "norm-0"), f"failed as {failure}"
+            assert failure.message.startswith("the selected name names more than one node"), failure.message
+            assert len(seen) == 1, f"the handler saw {len(seen)} copies of norm-0"
         # the data phase's own check, given another node's metadata: refused, both names reported
         spec = profile.select("l_out-1")._spec()
         with bound("TX-ACC-02"):
