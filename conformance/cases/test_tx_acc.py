@@ -173,7 +173,9 @@ def test_row_width_is_exact_and_the_row_bound_inclusive(backend, loaded):
 @pytest.mark.clause("TX-ACC-06")
 def test_element_and_byte_counts_are_overflow_checked(backend):
     """The data phase's checks given node metadata whose element or byte count overflows 64 bits
-    report the overflow; the largest node a selector admits gets its exact byte count."""
+    report the overflow, at the element count and at the byte count alone (an element count that
+    fits, whose bytes wrap to 0 or to a few bytes); the largest node a selector admits gets its
+    exact byte count."""
     from retro.transactions import MAX_ROW_ELEMENTS, MAX_ROWS
 
     spec = ("big", 0, MAX_ROW_ELEMENTS, MAX_ROWS, 0, False, 0, 0, 0)
@@ -181,6 +183,8 @@ def test_element_and_byte_counts_are_overflow_checked(backend):
         (MAX_ROW_ELEMENTS, MAX_ROWS, 1 << 20, 1 << 20),
         (MAX_ROW_ELEMENTS, MAX_ROWS, 1 << 21, 1),
         (1 << 62, 2, 1, 1),
+        (1 << 31, 1 << 31, 1, 1),  # 2^62 elements fit; their 4-byte size wraps to 0
+        ((1 << 62) + 1, 1, 1, 1),  # wraps to 4 bytes
     ):
         failure = _native.tx_verify("big", 0, ne, True, spec, MAX_ROWS)
         expect("TX-ACC-06", failure == refused("big", "the element or byte count overflows"), f"{ne}: {failure}")

@@ -53,7 +53,9 @@ std::optional<Failure> verify(const Layout & t, const Selector & s, int64_t expe
     } else if (__builtin_mul_overflow(t.ne[0], t.ne[1], &elements) ||
                __builtin_mul_overflow(elements, t.ne[2], &elements) ||
                __builtin_mul_overflow(elements, t.ne[3], &elements) ||
-               __builtin_mul_overflow(elements, element_size(s.dtype), &bytes) ||
+               (defect(RETRO_DEFECT_TX_ACC_06_BYTE_SIGN)  // seeded defect: a sign test of the wrapped product
+                        ? (bytes = (int64_t) ((uint64_t) elements * (uint64_t) element_size(s.dtype))) < 0
+                        : __builtin_mul_overflow(elements, element_size(s.dtype), &bytes)) ||
                (uint64_t) bytes > (uint64_t) SIZE_MAX) {
         return layout_failure(t.name, "the element or byte count overflows");
     }
@@ -111,6 +113,9 @@ std::vector<Capture> Transactions::drain() {
 
 int64_t Transactions::expected_rows(const Selector & s, int64_t ubatch) const {
     const auto & per = s.rows == Rows::Tokens ? ubatch_tokens_ : ubatch_outputs_;
+    if (ubatch >= (int64_t) per.size() && defect(RETRO_DEFECT_TX_ACC_02_REUSED_COUNT) && !per.empty()) {
+        return per.back();  // seeded defect: a name met once too often takes the last count
+    }
     return ubatch < (int64_t) per.size() ? per[ubatch] : -1;
 }
 
