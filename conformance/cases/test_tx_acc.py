@@ -81,6 +81,21 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
     with bound("TX-ACC-08"):
         np.testing.assert_array_equal(got, logits, err_msg="the copy is not the whole tensor")
         assert all(a.flags.owndata for a in seen), "the handler got a view, not an owned copy"
+    # retained, two nodes of different widths in one decode: each drained capture is its own
+    # node whole (the logits, and result_norm as the handler saw it)
+    retained = [profile.select("result_norm", retain=True), profile.select("result_output", retain=True)]
+    norms = []
+    with tx_context(
+        model, profile, retained, lambda t: norms.append(t.data) if t.name == "result_norm" else None
+    ) as ctx:
+        logits = ctx.decode(TOKENS)
+        captures = ctx.drain_captures()
+    with bound("TX-ACC-08"):
+        _, kept_logits = rows_of(captures, "result_output")
+        _, kept_norms = rows_of(captures, "result_norm")
+        np.testing.assert_array_equal(kept_logits, logits, err_msg="a retained copy of result_output")
+        np.testing.assert_array_equal(kept_norms, np.concatenate(norms), err_msg="a retained copy of result_norm")
+        assert all(c.data.flags.owndata for c in captures), "a drained capture is a view, not an owned copy"
 
 
 @pytest.mark.clause("TX-ACC-02")

@@ -192,7 +192,9 @@ py::list to_python(Drained drained) {
     const auto & selectors = drained.selectors;
     for (auto & cap : drained.captures) {
         tx::Observation view{cap.selector, cap.decode, 0, 0, cap.rows, cap.positions.data(), std::move(cap.data)};
-        py::array data                       = owned_copy(view, selectors[cap.selector]);
+        // seeded defect TX-ACC-08.first-width: every capture shaped by the first selector
+        const size_t shaped_by               = retro_defect_on(RETRO_DEFECT_TX_ACC_08_FIRST_WIDTH) ? 0 : cap.selector;
+        py::array data                       = owned_copy(view, selectors[shaped_by]);
         data.attr("flags").attr("writeable") = true;
         py::array_t<int32_t> positions((py::ssize_t) cap.rows);
         std::memcpy(positions.mutable_data(), cap.positions.data(), sizeof(int32_t) * (size_t) cap.rows);
