@@ -293,8 +293,10 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
 
 @pytest.mark.clause("TX-ACC-10")
 def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
-    """A handler that edits its copy and then raises, and one whose last row holds a NaN, leave
-    the node as computed: llama.cpp's sequence state equals the untouched decode's."""
+    """A handler that edits its copy and then raises, one whose last row holds a NaN, and ones
+    that edit and then change their array's shape or element type in place (the same bytes, read
+    as another tensor) leave the node as computed: llama.cpp's sequence state equals the
+    untouched decode's, and a changed array fails the decode as such."""
     model, profile = loaded
     v = np.full(model.n_embd, 0.25, np.float32)
     untouched = plain_state(model, TOKENS)
@@ -304,3 +306,24 @@ def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
             with pytest.raises(retro.TensorCallbackError):
                 ctx.decode(TOKENS)
             expect("TX-ACC-10", ctx.sequence_state() == untouched, f"{how}: part of the copy was written back")
+    changes = {
+        "transposed shape": lambda a: setattr(a, "shape", (a.shape[1], a.shape[0])),
+        "one flat row": lambda a: setattr(a, "shape", (1, a.size)),
+        "int32 elements": lambda a: setattr(a, "dtype", np.int32),
+    }
+    for what, change in changes.items():
+
+        def edit_then_change(t: Transaction, change=change) -> None:
+            t.data += v
+            change(t.data)
+
+        sel = [profile.select("attn_norm-0", access="mutable-f32")]
+        with tx_context(model, profile, sel, edit_then_change) as ctx:
+            err = support.raised(lambda ctx=ctx: ctx.decode(TOKENS))
+            failure = getattr(err, "failure", None)
+            expect(
+                "TX-ACC-10",
+                failure is not None and failure.message == "the handler changed the shape or type of its array",
+                f"{what}: the decode ended with {err!r} ({failure})",
+            )
+            expect("TX-ACC-10", ctx.sequence_state() == untouched, f"{what}: the changed array was written back")
