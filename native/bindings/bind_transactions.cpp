@@ -105,13 +105,14 @@ tx::Handler python_handler(py::object fn, const std::vector<tx::Selector> & sele
             holder->fn(s.name, obs.decode, obs.ubatch, obs.first_row, positions, data);
             if (s.access == tx::Access::MutableF32) {
                 // the handler edits its copy in place; it must still be the array it was given
-                // (seeded defects TX-ACC-10.element-count and .element-type: a looser test)
-                const bool shape_ok =
-                        data.ndim() == 2 && (retro_defect_on(RETRO_DEFECT_TX_ACC_10_ELEMENT_COUNT)
-                                                     ? data.shape(0) * data.shape(1) == obs.rows * s.row_elements
-                                                     : data.shape(0) == obs.rows && data.shape(1) == s.row_elements);
-                const bool type_ok = retro_defect_on(RETRO_DEFECT_TX_ACC_10_ELEMENT_TYPE) ||
-                                     py::isinstance<py::array_t<float>>(data);
+                bool shape_ok = data.ndim() == 2 && data.shape(0) == obs.rows && data.shape(1) == s.row_elements;
+                if (retro_defect_on(RETRO_DEFECT_TX_ACC_10_ELEMENT_COUNT)) {  // seeded defect: the count alone
+                    shape_ok = data.ndim() == 2 && data.shape(0) * data.shape(1) == obs.rows * s.row_elements;
+                }
+                bool type_ok = py::isinstance<py::array_t<float>>(data);
+                if (retro_defect_on(RETRO_DEFECT_TX_ACC_10_ELEMENT_TYPE)) {  // seeded defect: any element type
+                    type_ok = true;
+                }
                 if (!shape_ok || !type_ok || (size_t) data.nbytes() != obs.data.size() ||
                     !(data.flags() & py::array::c_style)) {
                     return tx::Failure{"handler", s.name, "", "the handler changed the shape or type of its array", ""};

@@ -30,6 +30,14 @@ int64_t element_size(DType) {
     return 4;  // f32 and i32
 }
 
+bool byte_count_overflows(int64_t elements, int64_t element_bytes, int64_t * bytes) {
+    if (defect(RETRO_DEFECT_TX_ACC_06_BYTE_SIGN)) {  // seeded defect: a sign test of the wrapped product
+        *bytes = (int64_t) ((uint64_t) elements * (uint64_t) element_bytes);
+        return *bytes < 0;
+    }
+    return __builtin_mul_overflow(elements, element_bytes, bytes);
+}
+
 }  // namespace
 
 std::optional<Failure> verify(const Layout & t, const Selector & s, int64_t expected_rows, size_t * bytes_out) {
@@ -53,9 +61,7 @@ std::optional<Failure> verify(const Layout & t, const Selector & s, int64_t expe
     } else if (__builtin_mul_overflow(t.ne[0], t.ne[1], &elements) ||
                __builtin_mul_overflow(elements, t.ne[2], &elements) ||
                __builtin_mul_overflow(elements, t.ne[3], &elements) ||
-               (defect(RETRO_DEFECT_TX_ACC_06_BYTE_SIGN)  // seeded defect: a sign test of the wrapped product
-                        ? (bytes = (int64_t) ((uint64_t) elements * (uint64_t) element_size(s.dtype))) < 0
-                        : __builtin_mul_overflow(elements, element_size(s.dtype), &bytes)) ||
+               byte_count_overflows(elements, element_size(s.dtype), &bytes) ||
                (uint64_t) bytes > (uint64_t) SIZE_MAX) {
         return layout_failure(t.name, "the element or byte count overflows");
     }

@@ -68,7 +68,11 @@ from conformance import registry  # noqa: E402 - the registry is plain data and 
 COVERED = ",".join(registry.clauses())
 # the CPU, and the RPC backend: a second device is where the placement of state and work matters
 BACKENDS = "cpu,rpc"
-# retro's own loop and tensor transactions, and the files of the fork whose patched lines are mutated
+# retro's native core and its bindings, whole, but for what the checks judge through: the graph
+# probe (the checks read nodes and devices through it), the upstream loop's oracle
+# (upstream_oracle.cpp), the preflight's measurement (no clause governs it; tests/test_preflight.py
+# holds it against the real allocation) and the test-hook door (bind_hooks.cpp: the switches and
+# fault sites the judge sets)
 OWN = [
     "native/core/epoch.cpp",
     "native/core/row_plan.cpp",
@@ -80,6 +84,17 @@ OWN = [
     "native/core/decoding.cpp",
     "native/core/remote.cpp",
     "native/core/thread_governor.cpp",
+    "native/core/context_calls.cpp",
+    "native/core/logging.cpp",
+    "native/core/handles.h",
+    "native/core/call_guard.h",
+    "native/bindings/module.cpp",
+    "native/bindings/bind_context.cpp",
+    "native/bindings/bind_errors.cpp",
+    "native/bindings/bind_model.cpp",
+    "native/bindings/bind_runtime.cpp",
+    "native/bindings/bind_trainer.cpp",
+    "native/bindings/bind_transactions.cpp",
 ]
 # the Python API; not the benchmarks, the build's stub writer, or retro.testing (the oracles and
 # probes the checks observe through: mutating them mutates the judge), nor retro.scoring (teacher
@@ -90,11 +105,15 @@ NOT_DRAWN = ("bench.py", "_stubgen.py", "scoring.py")
 #: seed; tests/test_transactions.py holds their bounds exactly)
 PY_UNCONTRACTED = {"retro/context.py": ("_sampling",)}
 PYTHON = sorted(str(p.relative_to(REPO)) for p in (REPO / "retro").glob("*.py") if p.name not in NOT_DRAWN)
+# the files of the fork whose patched lines are mutated (upstream's own lines are not ours): the
+# optimizer and the training loop, the RPC link, and the CPU's cross-entropy kernels (patches
+# 0023, 0025 and 0031; the other backends' kernels are judged on their own machines)
 FORK = [
     "ggml/src/ggml-opt.cpp",
     "src/llama-context.cpp",
     "ggml/src/ggml-rpc/ggml-rpc.cpp",
     "ggml/src/ggml-rpc/transport.cpp",
+    "ggml/src/ggml-cpu/ops.cpp",
 ]
 # functions no certification can kill a mutant of: the preflight's measurement (no clause covers
 # it; tests/test_preflight.py holds it against the real allocation), and the probes the checks
@@ -122,7 +141,8 @@ UNCONTRACTED = {
     ),
 }
 # (opt_epoch_stop: the status upstream's loop reports where it stopped, see UNCONTRACTED)
-SKIP = re.compile(r"RETRO_DEFECT_|LLAMA_LOG|^\s*//|^\s*#|static_assert|opt_epoch_stop\(")
+# (log lines are drawn: the diagnostics FAIL-01 and TX-FAIL-01 carry are read from them)
+SKIP = re.compile(r"RETRO_DEFECT_|^\s*//|^\s*#|static_assert|opt_epoch_stop\(")
 # Python: comments, the seeded-defect switches, and lines that only name types
 PY_SKIP = re.compile(r"^\s*#|seeded\(|^\s*(?:from|import) |TYPE_CHECKING|^\s*@overload")
 # an if (or else if) whose body is a block: its condition, up to the block's opening brace
