@@ -23,6 +23,12 @@ def seeded(defect: str) -> bool:
 _SWITCHES: bool = bool(_native.hooks.seeded_defects)
 
 
+def test_build() -> bool:
+    """True in a build with the test door (seeded-defect switches, fault sites); False in a
+    release build (RETRO_SEEDED_DEFECTS=OFF)."""
+    return _SWITCHES
+
+
 def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
     """An int in [minimum, maximum]; beyond a native counter's range is an OverflowError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

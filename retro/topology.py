@@ -4,8 +4,9 @@ whether a trainer may switch it on.
 The cache is off by default. ``Trainer(topology_cache=True)`` switches it on only with a results
 package whose packed-topology gate (``retro-conformance gate topology-cache``) enables it for this
 build (retro, llama.cpp pin, patch series) and for every backend the trainer's model runs on;
-``topology_cache="forced"`` switches it on without one (for the checks that produce that
-evidence, and at the caller's risk)."""
+``topology_cache="forced"`` switches it on without one, for the checks that produce that evidence:
+it exists only in a build with the test door, so a release build switches the cache on through
+the gate alone (TOPO-07)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def backends_of(tensor_devices: dict[str, str]) -> list[str]:
 def check_mode(mode: object) -> bool | str:
     if mode not in MODES or (isinstance(mode, int) and not isinstance(mode, bool)):
         raise ValueError(f"topology_cache must be False, True or 'forced', not {mode!r}")
+    if mode == "forced" and not _checks.test_build():
+        raise ValueError(
+            "topology_cache='forced' (the cache without its gate) exists only in a build with the test door, "
+            "for the checks that produce the gate's evidence; this build switches it on through the gate alone"
+        )
     return mode if isinstance(mode, (bool, str)) else False
 
 
@@ -81,7 +87,7 @@ def require_gate(package: str | os.PathLike[str] | None, backends: list[str]) ->
     if not where:
         raise TopologyGateError(
             "the packed-topology cache needs a results package whose gate enables it (topology_gate=DIR, "
-            f"or ${GATE_ENV}); topology_cache='forced' switches it on without one"
+            f"or ${GATE_ENV})"
         )
     path = Path(where)
     path = path / "results.json" if path.is_dir() else path

@@ -157,7 +157,8 @@ class Trainer(NativeHandle):
     rebuilding them. ``True`` needs a results package whose gate enables the cache for this build
     and for every backend the model runs on (``topology_gate``, a folder or its results.json, or
     ``$RETRO_TOPOLOGY_GATE``), else :class:`retro.TopologyGateError` says what is missing;
-    ``"forced"`` switches it on without one."""
+    ``"forced"`` switches it on without one, in a build with the test door only (the checks that
+    produce the gate's evidence)."""
 
     _h: _native.Trainer
 

@@ -121,9 +121,9 @@ def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
         with tx_context(model, twice, [twice.select("norm-0")], seen.append) as ctx, bound("TX-ACC-02"):
             with pytest.raises(retro.TensorCallbackError) as err:
                 ctx.decode(TOKENS[:4])
-            failure = err.value.failure
-            assert (failure.kind, failure.node) == ("layout", "norm-0"), f"failed as {failure}"
-            assert failure.message.startswith("the selected name names more than one node"), failure.message
+            met = err.value.failure
+            assert (met.kind, met.node) == ("layout", "norm-0"), f"failed as {met}"
+            assert met.message.startswith("the selected name names more than one node"), met.message
             assert len(seen) == 1, f"the handler saw {len(seen)} copies of norm-0"
         # the data phase's own check, given another node's metadata: refused, both names reported
         spec = profile.select("l_out-1")._spec()
