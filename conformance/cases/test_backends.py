@@ -16,6 +16,7 @@ from retro import _child
 from retro.conformance import backends, support
 from retro.conformance.evidence import Bound, against_oracle, bound, expect, on_path
 from retro.conformance.plugin import not_supported
+from retro.devices import BACKENDS
 
 #: NMSE against the CPU: kernels may reorder float sums, never more. AdamW divides each gradient
 #: by its own running magnitude, so rounding differences in small gradients grow into the
@@ -86,6 +87,16 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
     gone = backends.classify(built, [d for d in listed if d["name"] not in wanted])[backend.name]
     expect("HARNESS-01", present.available, f"{backend.name} has devices but reads not available")
     expect("HARNESS-01", not gone.available, f"{backend.name} without a device reads available")
+    # and so does every backend with a device listed, by the registry's name of the device's
+    # backend (ggml's listing; a device's own name, RPC[host:port] or Vulkan0, is not its backend)
+    for registry_name, device_name in (("RPC", "RPC[127.0.0.1:50052]"), ("Vulkan", "Vulkan0"), ("CUDA", "CUDA0")):
+        name = BACKENDS[registry_name]
+        with_it = [*listed, {**listed[0], "name": device_name, "backend": registry_name}]
+        expect(
+            "HARNESS-01",
+            backends.classify(built | {name}, with_it)[name].available,
+            f"a {registry_name} device listed as {device_name} leaves {name} not available",
+        )
 
     if backend.name == "cpu":
         return  # the CPU is the oracle

@@ -528,6 +528,12 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
             evaluated = sum(1 for p in passed if not p["train"])
         expect("HARNESS-02", evaluated == 4, f"the reference epoch evaluated {evaluated} micro-batches, not 4")
         totals = {s: fi.hits(s) for s in fi.SITES}
+        # every site is reached, each micro-batch passing it once (the optimizer's state: once per
+        # trainer, at its first step): a site no step reaches could never be armed
+        per_batch = {s: [p[s] for p in passed] for s in fi.SITES if s not in PREPARATION}
+        uneven = {s: hits for s, hits in per_batch.items() if hits != list(range(1, len(passed) + 1))}
+        expect("HARNESS-02", not uneven, f"sites not passed once per micro-batch (hits after each): {uneven}")
+        expect("HARNESS-02", all(totals[s] >= 1 for s in PREPARATION), f"preparation sites never reached: {totals}")
         fi.reset()
         for site in fi.SITES:
             cls, _ = SITES[site]
