@@ -85,7 +85,8 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
     decoded, nothing lost); draining frees the room. The limit is a count of bytes: a negative one is
     refused as the bad value it is (a ValueError naming the bound), beside retained selectors and
     beside ones a handler takes unretained. The bound holds to the byte: with two decodes' rows
-    held, a limit one byte short of three decodes' refuses the third, one of exactly three takes it."""
+    held, a limit one byte short of three decodes' refuses the third, one of exactly three takes it;
+    and with decodes of other lengths and of several micro-batches, a decode's own rows count."""
     model, profile = loaded
     limit = 2 * 4 * model.n_embd * 4
     sel = [profile.select(RETAINED[rows], retain=True, max_rows=4)]
@@ -115,4 +116,26 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
                 "TX-RET-04",
                 (took is None) == fits and (fits or isinstance(took, retro.CaptureLimitError)),
                 f"a limit of {room} bytes, {2 * one} held, a decode retaining {one}: {took!r}",
+            )
+    # decodes of different lengths, and of more than one micro-batch (of 4): the room a decode
+    # needs is its own rows', all its micro-batches', not another decode's or its first micro-batch's
+    row = model.n_embd * 4
+    for room, held, tokens, fits in (
+        (9 * row, (4, 2), 4, False),
+        (9 * row, (4, 2), 3, True),
+        (5 * row, (), 6, False),
+        (6 * row, (), 6, True),
+        (12 * row, (2,), 10, True),
+        (11 * row, (2,), 10, False),
+    ):
+        with tx_context(model, profile, sel, retained_limit=room) as ctx:
+            start = 0
+            for n in held:
+                ctx.decode(TOKENS[start : start + n])
+                start += n
+            took = support.raised(lambda ctx=ctx, n=tokens: ctx.decode(TOKENS[:n]))
+            expect(
+                "TX-RET-04",
+                (took is None) == fits and (fits or isinstance(took, retro.CaptureLimitError)),
+                f"a limit of {room // row} rows, decodes of {list(held)} held, a decode of {tokens}: {took!r}",
             )

@@ -174,8 +174,11 @@ bool Transactions::begin(int32_t n_tokens) {
     for (const auto & s : selectors_) {
         // seeded defect TX-RET-04.outputs: the rows of per-output selectors are left out
         if (s.retain && (s.rows == Rows::Tokens || !defect(RETRO_DEFECT_TX_RET_04_OUTPUTS))) {
-            const int64_t rows =
+            int64_t rows =
                     s.rows == Rows::Tokens ? (int64_t) batch_.positions.size() : (int64_t) output_positions_.size();
+            if (defect(RETRO_DEFECT_TX_RET_04_FIRST_MICRO_BATCH) && s.rows == Rows::Tokens) {
+                rows = ubatch_tokens_.front();  // seeded defect: the first micro-batch's rows for the decode's
+            }
             // seeded defect TX-RET-04.elements: the rows counted in elements, not bytes
             incoming += (size_t) rows * (size_t) s.row_elements * (defect(RETRO_DEFECT_TX_RET_04_ELEMENTS) ? 1 : 4);
         }
