@@ -113,6 +113,25 @@ def test_the_gate_is_decided_by_the_evidence_and_names_what_is_missing(backend):
         d["decision"] == "refuse",
         "a measurement of a seeded-defect run counts as the build's own",
     )
+    # an intact run that did not pass measured nothing the gate may weigh: beside passing runs that
+    # removed 80 %, a failed one that removed all of it leaves the figure at 80 %
+    failed = _package(removed=0.8)
+    failed["cases"] += [
+        dict(
+            c,
+            outcome=outcome,
+            measurements=[dict(c["measurements"][0], forward_build_us=0.0, backward_build_us=0.0, alloc_us=0.0)],
+        )
+        for c in _package()["cases"]
+        if c["id"] == "packed-on"
+        for outcome in ("fail", "crash", "not supported")
+    ]
+    d = gate.decide(failed)
+    expect(
+        "HARNESS-08",
+        d["decision"] == "refuse" and any("removes 80.0%" in m for m in d["missing"]),
+        f"the measurements of runs that did not pass were weighed: {d['decision']}, missing {d['missing'][:2]}",
+    )
 
 
 @pytest.mark.clause("HARNESS-08")
