@@ -269,6 +269,18 @@ def test_the_packed_batch_keeps_one_geometry_and_is_replaced_when_it_changes(bac
         f"a step of the same geometry got another batch: positions at {seen[0].address:#x}, then {seen[1].address:#x}",
     )
 
+    # a membership change that keeps every position: a window of two 32-token documents in
+    # micro-batches of 32 gives two steps of one token count and the same positions, the second
+    # in another sequence; the second step's batch must hold it
+    halves = retro.PackedDataset.pack(_documents(n_vocab, seed + 79, [32, 32]), width=64)
+    stepped = []
+    with support.load(backend, model_path) as model, support.context(model, n_ubatch=32, sequences=SEQUENCES) as ctx:
+        with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.25)) as tr:
+            tr.epoch(halves, progress=lambda p: stepped.append(packed_batch(ctx)))
+    got = [(b.positions.tolist(), b.sequences.tolist()) for b in stepped]
+    want = [(list(range(32)), [0] * 32), (list(range(32)), [1] * 32)]
+    expect("HOST-06", got == want, f"two steps of the same positions, the second in sequence 1: {got}")
+
     # window 2 evaluated right after window 1 trained (same token count, other boundaries)
     two = retro.PackedDataset(np.ascontiguousarray(ds.tokens[1:3]), np.ascontiguousarray(ds.documents[1:3]))
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64, sequences=SEQUENCES) as ctx:
