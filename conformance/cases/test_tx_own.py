@@ -53,6 +53,10 @@ def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
         ctx.decode(TOKENS)
         positions, _ = rows_of(ctx.drain_captures(), "l_out-0")
         expect("TX-OWN-02", positions.tolist() == list(range(len(TOKENS))), "the context saw no capture of its decode")
+        # the parameters' view of the state still names the address the context took it to
+        expect(
+            "TX-OWN-01", tx.address == installed, f"the parameters name {tx.address:#x}, llama.cpp calls {installed:#x}"
+        )
 
 
 @pytest.mark.clause("TX-OWN-03")
@@ -411,8 +415,11 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
     gc.collect()
     expect("TX-OWN-06", all(r() is None for r in refs), "the handler's exception or frame objects are still alive")
 
+    kept_positions: list[np.ndarray] = []
+
     def keep(t: Transaction) -> None:
         kept.append(t.data)
+        kept_positions.append(t.positions)
 
     with tx_context(model, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], keep) as ctx:
         ctx.decode(TOKENS[:4])
@@ -423,3 +430,11 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         again = ctx.drain_captures()[0].data
         expect("TX-OWN-06", np.array_equal(first, again), "a handler's kept array reached the context afterwards")
         expect("TX-OWN-06", kept[0].base is None and kept[0].flags.owndata, "the handler's array is a view")
+        # its positions are its own too: later decodes leave what it kept as it was
+        expect(
+            "TX-OWN-06",
+            kept_positions[0].base is None and kept_positions[0].flags.owndata,
+            "the handler's positions are a view of native storage",
+        )
+        ctx.decode(TOKENS[4:8])
+        expect("TX-OWN-06", kept_positions[0].tolist() == [0, 1, 2, 3], f"kept positions became {kept_positions[0]}")

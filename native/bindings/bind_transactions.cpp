@@ -102,6 +102,9 @@ tx::Handler python_handler(py::object fn, const std::vector<tx::Selector> & sele
             py::array data = owned_copy(obs, s);
             py::array_t<int32_t> positions((py::ssize_t) obs.rows);
             std::memcpy(positions.mutable_data(), obs.positions, sizeof(int32_t) * (size_t) obs.rows);
+            if (retro_defect_on(RETRO_DEFECT_TX_OWN_06_POSITIONS_VIEW)) {  // seeded defect: a view of native storage
+                positions = py::array_t<int32_t>((py::ssize_t) obs.rows, obs.positions, py::none());
+            }
             holder->fn(s.name, obs.decode, obs.ubatch, obs.first_row, positions, data);
             if (s.access == tx::Access::MutableF32) {
                 // the handler edits its copy in place; it must still be the array it was given
@@ -172,7 +175,13 @@ void bind_transactions(py::module_ & m) {
                      return std::make_shared<PendingTransactions>(std::move(selectors), std::move(call), limit);
                  }),
                  py::arg("selectors"), py::arg("handler"), py::arg("retained_limit"))
-            .def_property_readonly("address", [](const PendingTransactions & p) { return (uintptr_t) p.original; })
+            .def_property_readonly("address",
+                                   [](const PendingTransactions & p) {
+                                       if (retro_defect_on(RETRO_DEFECT_TX_OWN_01_ADDRESS)) {  // seeded defect
+                                           return (uintptr_t) p.state.get();  // the pointer a context empties
+                                       }
+                                       return (uintptr_t) p.original;
+                                   })
             .def_property_readonly("taken", [](const PendingTransactions & p) { return !p.state; });
 
     m.def(
