@@ -37,7 +37,7 @@ def test_a_graph_that_does_not_match_the_profile_fails_closed(backend, loaded, t
     """Selectors bound to a profile of a 3-layer model of the same architecture, used on the
     2-layer model: l_out-2 is never computed, so the decode fails after it ran (coverage), the
     handler never saw a mismatched node, and no capture of that decode is committed. A profile
-    of a wider model fails closed on the row width."""
+    of a wider model fails closed on the row width, and so does one of a narrower model."""
     model, _ = loaded
     with support.load(backend, support.model_file(tmp_path, seed, n_layer=3), trainable=False) as deeper:
         three = Profile.record(deeper)
@@ -52,6 +52,12 @@ def test_a_graph_that_does_not_match_the_profile_fails_closed(backend, loaded, t
     calls: list = []
     with tx_context(model, wide, [wide.select("l_out-0")], calls.append) as ctx, bound("TX-PROF-02"):
         assert "elements per row" in fails_closed(ctx, calls)
+    # and of a narrower one: a node wider than its selector fails closed too, never cut to fit
+    with support.load(backend, support.model_file(tmp_path, seed, n_embd=32), trainable=False) as narrower:
+        narrow = Profile.record(narrower)
+    with tx_context(model, narrow, [narrow.select("l_out-0")], calls.append) as ctx, bound("TX-PROF-02"):
+        got = fails_closed(ctx, calls)
+        assert got == f"{model.n_embd} elements per row, selected 32", got
 
 
 @pytest.mark.clause("TX-RET-03")
