@@ -121,6 +121,12 @@ public:
             m.throttle_s += debt_s;
         }
     }
+    void owed(double & debt_s) const {
+        if (defect_(RETRO_DEFECT_CANCEL_07_AT_ONCE) && debt_s > 0.0) {
+            std::this_thread::sleep_for(std::chrono::duration<double>(debt_s));  // seeded defect: slept at once
+            debt_s = 0.0;
+        }
+    }
 
 private:
     const Defects & defect_;
@@ -357,6 +363,7 @@ private:
         if (r_.duty_cycle < 1.0) {
             const double compute_s = std::chrono::duration<double>(Clock::now() - t_mb).count();
             debt_s_ += compute_s * (1.0 - r_.duty_cycle) / r_.duty_cycle;
+            hooks_.owed(debt_s_);
         }
         account(step, train, logical);
         ++done;
