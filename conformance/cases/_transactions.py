@@ -187,6 +187,13 @@ class CustomBase(BaseException):
     pass
 
 
+class Outer:
+    """A namespace: its exception's qualified name is Outer.Nested, its plain name Nested alone."""
+
+    class Nested(Exception):
+        pass
+
+
 RAISED: list[tuple[str, Callable[[], BaseException]]] = [
     ("builtins.ValueError", lambda: ValueError("plain")),
     ("builtins.KeyboardInterrupt", KeyboardInterrupt),
@@ -194,4 +201,5 @@ RAISED: list[tuple[str, Callable[[], BaseException]]] = [
     (f"{__name__}.CustomBase", lambda: CustomBase("a BaseException")),
     (f"{__name__}.Unprintable", Unprintable),
     ("builtins.MemoryError", lambda: MemoryError("x" * (1 << 20))),
+    (f"{__name__}.Outer.Nested", lambda: Outer.Nested("a nested class")),
 ]
