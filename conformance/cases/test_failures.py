@@ -256,6 +256,22 @@ def _check_state_dropped(backend, model_path, seed, site):
             held[0] == held[1] == held[2],
             f"{site}: each failure of the same step left more allocated: (contexts, buffers) {[tuple(h) for h in held]}",
         )
+        # and a step that closes a period (its own graph, the optimizer's step parameters with it):
+        # each time one micro-batch opens the period and the closing one fails
+        closing = []
+        for _ in range(3):
+            fi.reset()
+            micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+            fi.arm(site, 1)
+            with pytest.raises(retro.BeforeComputeError):
+                micro_batch(tr, tokens[64:128], labels[64:128], pos0=64)
+            closing.append(live_allocations())
+        expect(
+            "FAIL-04",
+            closing[0] == closing[1] == closing[2],
+            f"{site}: each failure of a period-closing step left more allocated: (contexts, buffers) "
+            f"{[tuple(h) for h in closing]}",
+        )
         # a failing epoch call leaves no sequence behind: the next decode starts at position 0, as
         # one does after an explicit reset of the context
         fi.reset()
@@ -297,6 +313,39 @@ def _check_state_dropped(backend, model_path, seed, site):
                 tr.period_position == 0 and bool(tail_accs) and not kept,
                 f"{site}: a failure in the evaluation tail left period position {tr.period_position} and "
                 f"{kept} of {len(tail_accs)} accumulators holding partial gradients",
+            )
+    if site == "alloc":
+        _check_state_allocation_dropped(backend, model_path, tokens, labels)
+
+
+def _check_state_allocation_dropped(backend, model_path, tokens, labels):
+    """The optimizer's state, allocated by a trainer's first step one buffer type at a time (site
+    opt_state, one hit per type; its parameters' own types): failed at each type in turn, the same
+    first step failed three times holds nothing more, so the types allocated before the failing one
+    were given back. On a backend that offloads, one layer on its device and the rest on the CPU
+    puts the state in two types."""
+    split = bool(backend.offload_devices)
+    with support.load(backend, model_path, gpu_layers=1) as model, support.context(model, n_ubatch=64) as ctx:
+        fi.reset()
+        with _trainer(ctx, 1, "adamw") as clean:
+            micro_batch(clean, tokens[:64], labels[:64], pos0=0)
+        types = fi.hits("opt_state")
+        expect("FAIL-04e", types >= 1 + split, f"the first step allocated the optimizer state in {types} buffer types")
+        for k in range(1, types + 1):
+            held = []
+            with _trainer(ctx, 1, "adamw") as tr:
+                for _ in range(3):
+                    fi.reset()
+                    fi.arm("opt_state", k)
+                    with pytest.raises(retro.AllocationError):
+                        micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+                    held.append(live_allocations())
+            fi.reset()
+            expect(
+                "FAIL-04e",
+                held[0] == held[1] == held[2],
+                f"opt_state at buffer type {k} of {types}: each failure left more allocated: (contexts, buffers) "
+                f"{[tuple(h) for h in held]}",
             )
 
 
