@@ -114,18 +114,25 @@ def test_the_first_failure_is_reported_and_sticks(backend, loaded):
 
 
 @pytest.mark.clause("TX-FAIL-06")
+@pytest.mark.parametrize("failure", ["handler", "layout"])
 @pytest.mark.parametrize("then", ["decode", "generate", "speculative", "reset"])
-def test_the_first_failure_refuses_every_later_call(backend, loaded, then):
-    """After a decode whose handler raised, a later call of each kind is refused with that first
-    failure, runs nothing and calls no handler: a decode, a plain generation, a speculative one
-    (the draft's context has no transactions; the target's failed; it starts on empty
-    sequences, so after a reset), and a decode after reset(), which clears the sequence but not
-    the context's failure."""
+def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failure):
+    """After a decode that failed (its handler raised, or a node's layout failed verification
+    before the handler saw it), a later call of each kind is refused with that first failure,
+    runs nothing and calls no handler: a decode, a plain generation, a speculative one (the
+    draft's context has no transactions; the target's failed; it starts on empty sequences, so
+    after a reset), and a decode after reset(), which clears the sequence but not the context's
+    failure. Stickiness is the context's, whatever the failure's kind."""
     model, profile = loaded
-    handler, calls = raise_at(0, lambda: ValueError("the first failure"))
+    if failure == "layout":
+        profile = foreign_profile(profile, "l_out-0", dtype="i32")
+        handler, calls = raise_at(-1)
+    else:
+        handler, calls = raise_at(0, lambda: ValueError("the first failure"))
     with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx, plain_context(model) as draft:
-        with pytest.raises(retro.TensorCallbackError):
+        with pytest.raises(retro.TensorCallbackError) as err:
             ctx.decode(TOKENS)
+        first = err.value.failure
         if then in ("reset", "speculative"):
             ctx.reset()
         length = ctx.sequence_length
@@ -134,9 +141,14 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then):
                 ctx.decode(TOKENS[:2])
             else:
                 ctx.generate(TOKENS[:2], 3, stop_at_eog=False, draft=draft if then == "speculative" else None)
-        expect("TX-FAIL-06", "the first failure" in str(again.value), f"{then}: refused with {again.value}")
-        expect("TX-FAIL-06", len(calls) == 1, f"{then}: the handler ran {len(calls)} times")
-        expect("TX-FAIL-06", ctx.sequence_length == length, f"{then}: the refused call ran")
+        refused = again.value.failure
+        expect(
+            "TX-FAIL-06",
+            (refused.kind, refused.message) == (first.kind, first.message),
+            f"{then} after a {failure} failure: refused with {refused.kind}: {refused.message[:120]!r}",
+        )
+        expect("TX-FAIL-06", len(calls) == (failure == "handler"), f"{then}: the handler ran {len(calls)} times")
+        expect("TX-FAIL-06", ctx.sequence_length == length, f"{then} after a {failure} failure: the refused call ran")
 
 
 @pytest.mark.clause("HARNESS-04")

@@ -148,6 +148,9 @@ bool Transactions::begin(int32_t n_tokens) {
         failure_.reset();
     }
     if (failure_) {
+        if (defect(RETRO_DEFECT_TX_FAIL_06_KIND) && failure_->kind != "handler") {
+            return true;  // seeded defect: only a handler's failure refuses the next decode
+        }
         return false;  // sticky: nothing runs once a transaction failed
     }
     if (!submitted_ || (int32_t) submitted_->positions.size() != n_tokens) {
