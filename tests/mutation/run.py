@@ -61,6 +61,8 @@ from site_view import site_view_env  # noqa: E402
 SOURCE = REPO / "build" / "mutation-src"
 BUILD = REPO / "build" / "mutation"
 PREPARED = BUILD / "llama.cpp"  # the patched llama.cpp tree of this build folder
+# universalmutator's command, installed beside this interpreter (a venv's bin need not be on PATH)
+MUTATE = shutil.which("mutate") or str(Path(sys.executable).with_name("mutate"))
 sys.path.append(str(REPO))  # after the installed packages: `retro` must stay the built one
 from conformance import registry  # noqa: E402 - the registry is plain data and stdlib code
 
@@ -376,7 +378,7 @@ def generate(source: Path, rel: str, lines: list[int] | None, workdir: Path) -> 
     lines_file.write_text("\n".join(map(str, keep)), encoding="utf-8")
     sh(
         [
-            "mutate",
+            MUTATE,
             str(source),
             "python" if python else "cpp",
             "--noCheck",
