@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from . import registry
+
 
 class ClauseViolation(AssertionError):
     """A failed assertion bound to a clause."""
@@ -100,6 +102,8 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
         return math.inf
     denominator = float(np.sum(e * e))
     numerator = float(np.sum((a - e) ** 2))
+    if registry.seeded("HARNESS-01.nmse-mean"):
+        numerator = float(np.mean((a - e) ** 2))  # seeded defect: a mean over a sum
     return numerator / denominator if denominator else (0.0 if numerator == 0 else math.inf)
 
 

@@ -176,6 +176,7 @@ class ReviewedDefect:
     caught_since: str = ""  # an escape: what catches it now
     out_of_clause: str = ""  # why its clause does not govern it
     still_open: str = ""  # an escape no check catches yet: what it takes (a finding, named, not hidden)
+    equivalent: str = ""  # an escape that cannot change what the binding does: why (as a mutant's)
 
 
 FIRST_JUDGMENTS = ("caught", "escaped", "out of clause")
@@ -193,9 +194,10 @@ def reviewed_defects() -> dict[str, ReviewedDefect]:
             raise ValueError(f"reviewed_defects.toml: {d.id}: unknown clause {unknown} or judgment, or a duplicate")
         if (d.first_judgment == "caught") != bool(d.caught_by):
             raise ValueError(f"reviewed_defects.toml: {d.id}: caught exactly when caught_by names clauses")
-        if d.first_judgment == "escaped" and bool(d.caught_since) == bool(d.still_open):
+        if d.first_judgment == "escaped" and sum(map(bool, (d.caught_since, d.still_open, d.equivalent))) != 1:
             raise ValueError(
-                f"reviewed_defects.toml: {d.id} escaped: name what catches it since, or what is still open"
+                f"reviewed_defects.toml: {d.id} escaped: name what catches it since, what is still open, or why "
+                "it is equivalent (one of them)"
             )
         if d.first_judgment == "out of clause" and not d.out_of_clause:
             raise ValueError(f"reviewed_defects.toml: {d.id} is out of clause without a reason")

@@ -548,6 +548,15 @@ def _damaged_checkpoints(ckpt: retro.Checkpoint) -> list[tuple[str, object, type
 SWEEP_UBATCH, SWEEP_ACCUMULATION, SWEEP_VAL_FRACTION = 64, 3, 0.5
 
 
+def _one_step(tr: retro.Trainer, ds) -> retro.RetroError | None:
+    """What one training micro-batch of the dataset's first window raised (None: it ran)."""
+    try:
+        micro_batch(tr, ds.tokens[0, :SWEEP_UBATCH], ds.labels[0, :SWEEP_UBATCH], pos0=0)
+    except retro.RetroError as err:
+        return err
+    return None
+
+
 @pytest.mark.clause("HARNESS-02")
 @pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
 def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path, seed, persistent):
@@ -623,6 +632,14 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                             if persistent:
                                 with bound("HARNESS-02"), pytest.raises(cls):
                                     tr.epoch(ds)
+                            else:  # armed once, the site failed once: the next step runs through
+                                again = _one_step(tr, ds)
+                                expect(
+                                    "HARNESS-02",
+                                    again is None and fi.failures(site) == 1,
+                                    f"{site} armed once at hit {fi.hits(site)}: the next step raised {again!r}, "
+                                    f"{fi.failures(site)} failures",
+                                )
                         raise
 
             result = fi.sweep(epoch_and_state, site, persistent=persistent, check=check)

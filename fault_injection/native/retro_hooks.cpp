@@ -52,6 +52,9 @@ bool retro_fault_hit(enum retro_site site) {
     {
         std::lock_guard<std::mutex> lock(g_plan_mutex);
         fail = s.fail_at > 0 && (hit == s.fail_at || (s.persistent && hit > s.fail_at));
+        if (retro_defect_on(RETRO_DEFECT_HARNESS_02_ONCE)) {
+            fail = s.fail_at > 0 && hit >= s.fail_at;  // seeded defect: a plan armed once acts as persistent
+        }
         s.failures += fail;
         if (s.stall_at > 0 && hit == s.stall_at) {
             stall_us   = s.stall_us;
