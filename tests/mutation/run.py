@@ -243,6 +243,8 @@ def sync_source() -> None:
     """SOURCE holds the tracked files as the working tree has them; unchanged files keep their
     times, so the build stays incremental, and a changed one is written now: with the working
     tree's time it could be older than the objects an earlier build made from its old text."""
+    SYNCED["drawn"] = _head_if_unedited([*OWN, "retro", "vendor"])
+    SYNCED["checks"] = _head_if_unedited([*OWN, "retro", "vendor", "native", "conformance", "fault_injection"])
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
         src, dst = REPO / name, SOURCE / name
@@ -775,20 +777,28 @@ class Run:
         return sum(m.outcome in JUDGED for m in self.drawn)
 
 
-def drawn_at(only: list[str] | None) -> str | None:
-    """HEAD, when the files mutants are drawn from are as HEAD has them: a later run can then
-    draw the same mutants again from that commit, whatever the sources have become."""
+def _head_if_unedited(paths: list[str]) -> str | None:
+    """HEAD, when these paths of the working tree are as HEAD has them."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *OWN, "retro", "vendor"], cwd=REPO).returncode
-    return head if head and edited == 0 and not only else None
+    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=REPO).returncode
+    return head if head and edited == 0 else None
+
+
+#: the commits the copied sources are, taken when they are copied (sync_source): a commit made
+#: while a run goes on is not what it judges
+SYNCED: dict[str, str | None] = {}
+
+
+def drawn_at(only: list[str] | None) -> str | None:
+    """HEAD, when the files mutants are drawn from were as HEAD had them when they were copied: a
+    later run can then draw the same mutants again from that commit, whatever the sources have
+    become."""
+    return SYNCED.get("drawn") if not only else None
 
 
 def checks_at() -> str | None:
-    """HEAD, when the checks and everything they certify are as HEAD has them."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    paths = [*OWN, "retro", "vendor", "native", "conformance", "fault_injection"]
-    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=REPO).returncode
-    return head if head and edited == 0 else None
+    """HEAD, when the checks and everything they certify were as HEAD had them when copied."""
+    return SYNCED.get("checks")
 
 
 def digest(mutants: list[Mutant]) -> str:
