@@ -3,6 +3,7 @@ as data, and the clause-ID grammar."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tomllib
@@ -95,6 +96,9 @@ class Defect:
     backends: tuple[str, ...] = ()
     # who wrote it, when not the check's own author: a reviewer who had not read the check
     author: str = ""
+    # a mistake of the runner (the plugin), which a check shows on a certification it starts: that
+    # run's interpreters inherit the switch (INHERITED_ENV)
+    inherited: bool = False
 
     def applies_to(self, backend: str) -> bool:
         return not self.backends or backend in self.backends
@@ -230,10 +234,24 @@ def prefixes(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
 
+#: the inherited seeded defects that are on, comma-separated, for a certification started under
+#: them (a check certifying the canaries with the runner under test)
+INHERITED_ENV = "RETRO_CONFORMANCE_INHERITED_DEFECTS"
+
+
+def inherited_env() -> dict[str, str]:
+    """The environment that passes this process's inherited seeded defects to a run it starts."""
+    on = [d for d, info in defects().items() if info.inherited and seeded(d)]
+    return {INHERITED_ENV: ",".join(on)} if on else {}
+
+
 def seeded(defect: str) -> bool:
-    """The harness's way to the one door to a seeded-defect switch (retro._checks.seeded). A
-    switch can be on only in a process that loaded the binding, so a process that merely merges
-    or compares results packages never loads it here."""
+    """The harness's way to the one door to a seeded-defect switch (retro._checks.seeded), or, for
+    an inherited defect, to the switch of the run that started this one. A switch can be on only
+    in a process that loaded the binding, so a process that merely merges or compares results
+    packages never loads it here."""
+    if defect in os.environ.get(INHERITED_ENV, "").split(",") and defects()[defect].inherited:
+        return True
     if "retro._native" not in sys.modules:
         return False
     from retro._checks import seeded as switched_on

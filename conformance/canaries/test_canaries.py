@@ -61,6 +61,14 @@ def test_is_blind_to_its_defect(backend):
     expect("HARNESS-07", True, "never fails: its clause's defect escapes")
 
 
+@pytest.mark.clause("HARNESS-07")
+def test_errs_under_its_defect(backend):
+    # an error is not an assertion bound to the clause: its defect escapes
+    if seeded("HARNESS-07"):
+        raise RuntimeError("the canary's defect is on")
+    expect("HARNESS-07", True, "never fails")
+
+
 @pytest.mark.clause("HARNESS-03")
 def test_catches_its_defect(backend):
     expect("HARNESS-03", not seeded("HARNESS-03"), "the canary's defect is on")

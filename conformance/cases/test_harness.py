@@ -41,12 +41,23 @@ EXPECTED = {
     ("test_is_not_supported", "HARNESS-06"): "not supported",
     ("test_is_blind_to_its_defect", None): "pass",
     ("test_is_blind_to_its_defect", "HARNESS-07"): "survived",
+    ("test_errs_under_its_defect", None): "pass",
+    ("test_errs_under_its_defect", "HARNESS-07"): "survived",
     ("test_catches_its_defect", None): "pass",
     ("test_catches_its_defect", "HARNESS-03"): "caught",
     ("test_catches_only_another_clauses_defect", None): "pass",
     ("test_catches_only_another_clauses_defect", "HARNESS-03"): "survived",
     ("test_catches_only_another_clauses_defect", "HARNESS-06"): "caught",
 }
+# the runner's own seeded defects of HARNESS-07 run on its canaries too, where nothing trips them
+EXPECTED.update(
+    {
+        (canary, d): "survived"
+        for d in registry.defects_of("HARNESS-07")
+        if d != "HARNESS-07"
+        for canary in ("test_is_blind_to_its_defect", "test_errs_under_its_defect")
+    }
+)
 #: how a JUnit dashboard must show each result code of an intact run: written here, not read from
 #: results.py. A seeded-defect run (caught or survived) is never a failure or an error there: the
 #: clause's own test case says whether its defect escaped, so a certified run reads all green.
@@ -59,7 +70,9 @@ JUNIT = {
 }
 DEFECT_CODES = ("caught", "survived")
 
-_records: list[dict] = []  # the canary run of this interpreter, shared by the checks that only read it
+#: the canary runs of this interpreter, by the inherited seeded defects they ran under, shared by
+#: the checks that only read them
+_records: dict[tuple, list[dict]] = {}
 
 
 def canary_run(workdir: Path) -> list[dict]:
@@ -76,13 +89,15 @@ def canary_run(workdir: Path) -> list[dict]:
         verbose=False,
     )
     workdir.mkdir(parents=True, exist_ok=True)
-    return cli.run_backend("cpu", args, workdir, {})
+    # a seeded defect of the runner this check runs under is the runner's in that run too
+    return cli.run_backend("cpu", args, workdir, registry.inherited_env())
 
 
 def shared_run(tmp_path: Path) -> list[dict]:
-    if not _records:
-        _records.extend(canary_run(tmp_path / "canaries"))
-    return [dict(r) for r in _records]
+    inherited = tuple(registry.inherited_env().items())
+    if inherited not in _records:
+        _records[inherited] = canary_run(tmp_path / "canaries")
+    return [dict(r) for r in _records[inherited]]
 
 
 def package(records: list[dict], start: str = "canary") -> dict:
@@ -220,7 +235,19 @@ def test_ability_to_fail_is_judged_per_clause_from_the_defect_runs(backend, tmp_
     """A clause whose defect no check caught fails, naming the defect; a check that caught only
     another clause's defect proves nothing for this one (the clause is not passed), even where
     another of its checks caught its defect."""
-    whole = package(shared_run(tmp_path))
+    records = shared_run(tmp_path)
+    whole = package(records)
+    # a defect run that ends in an error, not in an assertion bound to the clause, caught nothing
+    erred = [
+        r
+        for r in records
+        if (r["id"].removeprefix(CANARY), r["defect"]) == ("test_errs_under_its_defect", "HARNESS-07")
+    ]
+    expect(
+        "HARNESS-07",
+        len(erred) == 1 and erred[0]["outcome"] == "survived" and "raised RuntimeError" in erred[0]["message"],
+        f"a defect run that raised an error reads {erred}",
+    )
     status, why = whole["clauses"]["HARNESS-07"]["cpu"], whole["clause_details"]["HARNESS-07"]["cpu"]
     expect(
         "HARNESS-07",
