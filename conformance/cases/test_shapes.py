@@ -3,6 +3,7 @@ state changes, and values crossing signed native counters never wrap."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -303,6 +304,21 @@ def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, mode
                 err = raised(call)
                 expect("SHAPE-02", type(err) is OverflowError, f"{what}: raised {err!r}, expected OverflowError")
             expect("SHAPE-02", ctx.n_past == 0, "a rejected decode reached the context")
+            # an optimizer iteration past INT64_MAX in a checkpoint is refused before anything of
+            # it is written: the trainer's parameters stay as they were
+            with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3)) as tr:
+                start = tr.checkpoint()
+                moved = {n: a + 1 for n, a in start.parameters.items()}
+                for iteration in (INT64_MAX + 1, 2**64 + 1):
+                    forged = dataclasses.replace(start, parameters=moved, iteration=iteration)
+                    err = raised(lambda forged=forged: tr.restore(forged))
+                    expect(
+                        "SHAPE-02",
+                        type(err) is OverflowError,
+                        f"a checkpoint at iteration {iteration}: raised {err!r}, expected OverflowError",
+                    )
+                    written = [n for n, a in model.parameters().items() if not np.array_equal(a, start.parameters[n])]
+                    expect("SHAPE-02", not written, f"iteration {iteration}: refused after writing {written[:3]}")
             # at the limit the bound holds without wrapping: INT32_MAX micro-batches per step is legal
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=INT32_MAX) as tr:
                 m = tr.epoch(support.windows(1, 256, model.n_vocab, seed + 31))
