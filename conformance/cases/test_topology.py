@@ -390,8 +390,11 @@ def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backe
 @pytest.mark.clause("TOPO-06")
 def test_the_cache_holds_one_entry(backend, model_path, seed):
     """Training and evaluation micro-batches alternate (an evaluation tail in every epoch), so each
-    replaces the entry: the fork holds one (a replacement counts no invalidation), and ggml's live contexts and buffers after every step
-    of the later epochs are those of the first epoch's steps (replaced entries are freed)."""
+    replaces the entry: the fork holds one (a replacement counts no invalidation), and ggml's live
+    contexts and buffers after every step of the later epochs are those of the first epoch's steps
+    (replaced entries are freed). Training alone at accumulation 2, every step hits the entry and
+    allocates its scheduler clone again: the clone it replaces is freed, so the counts after the
+    first period repeat those of the first period."""
     n_vocab = _n_vocab(backend, model_path)
     data = [_data(n_vocab, seed + i, windows=2) for i in range(4)]
     on = _run(backend, model_path, "forced", _epochs(data, 0.5))
@@ -403,6 +406,12 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
         first = set(on.live[:2])
         grown = [(i, lv) for i, lv in enumerate(on.live[2:], start=2) if lv not in first]
         assert not grown, f"live contexts and buffers grew after the first epoch: {grown[:3]} (first {first})"
+    hits = _run(backend, model_path, "forced", _epochs(data[:3]), accumulation=2)
+    with bound("TOPO-06"):
+        assert hits.stats.hits >= 4 and all(hits.entry), f"training alone did not hit the entry: {hits.stats}"
+        period = set(hits.live[:2])  # two micro-batches per epoch, one period
+        grown = [(i, lv) for i, lv in enumerate(hits.live[2:], start=2) if lv not in period]
+        assert not grown, f"live contexts and buffers grew after the first period: {grown[:3]} (first {period})"
 
 
 def _package(tmp_path, backend, *, series: str | None = None, failing: tuple[str, ...] = ()):

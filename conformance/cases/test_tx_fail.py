@@ -46,6 +46,7 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
             f = err.value.failure
             expect("TX-FAIL-01", f.type == type_name, f"{type_name} reported as {f.type}")
             expect("TX-FAIL-01", len(f.message) <= 4200, f"{type_name}: a message of {len(f.message)} characters")
+            expect("TX-FAIL-01", len(f.traceback) <= 4200, f"{type_name}: a traceback of {len(f.traceback)} characters")
             # the message is the exception's own text (its str(), as Python prints it), up to the bound
             try:
                 own = str(raised)

@@ -56,6 +56,10 @@ tx::Failure describe(py::error_already_set & e) {
         py::object type = e.type();
         f.type          = py::str(type.attr("__module__")).cast<std::string>() + "." +
                           py::str(type.attr("__qualname__")).cast<std::string>();
+        if (retro_defect_on(RETRO_DEFECT_TX_FAIL_01_QUALNAME)) {  // seeded defect: the plain name
+            f.type = py::str(type.attr("__module__")).cast<std::string>() + "." +
+                     py::str(type.attr("__name__")).cast<std::string>();
+        }
         if (f.type.size() > tx::kMaxFailureType) {
             f.type.resize(tx::kMaxFailureType);
         }
@@ -72,6 +76,9 @@ tx::Failure describe(py::error_already_set & e) {
     try {
         py::object lines = py::module_::import("traceback").attr("format_exception")(e.type(), e.value(), e.trace());
         f.traceback      = bounded(py::str("").attr("join")(lines).cast<std::string>());
+        if (retro_defect_on(RETRO_DEFECT_TX_FAIL_01_TRACEBACK)) {  // seeded defect: the traceback unbounded
+            f.traceback = py::str("").attr("join")(lines).cast<std::string>();
+        }
     } catch (...) {
         f.traceback = "<the traceback could not be formatted>";
     }
