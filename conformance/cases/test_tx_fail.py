@@ -67,7 +67,7 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
     raises there, or the node's layout fails verification (a profile that records it as i32, as a
     stale one would) before the handler sees it. The handler is never called again, yet every
     node of every micro-batch was computed (llama.cpp's sequence state equals an untouched
-    decode's) and the tokens stay in the cache."""
+    decode's) and the tokens stay in the cache; and so do a failed generation's."""
     model, profile = loaded
     untouched = plain_state(model, TOKENS)
     if failure == "layout":
@@ -85,6 +85,20 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
         expect("TX-FAIL-02", ctx.sequence_state() == untouched, "the rest of the graph was not computed")
         expect("TX-FAIL-05", ctx.sequence_length == len(TOKENS), f"{ctx.sequence_length} positions after the failure")
         expect("TX-FAIL-05", ctx.n_past == len(TOKENS), f"n_past {ctx.n_past} after the failure")
+    # a generation that fails in one of its decodes (the prompt's, on a layout; the second
+    # generated token's, in its handler) rolls nothing back either: every token it decoded stays,
+    # and n_past follows llama.cpp's record of them
+    handler, calls = raise_at(-1) if failure == "layout" else raise_at(2)
+    with tx_context(model, profile, [profile.select("attn_norm-0")], handler) as ctx:
+        with pytest.raises(retro.TensorCallbackError):
+            ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+        decoded = 3 + max(len(calls) - 1, 0)  # the prompt, then one token per later call
+        expect(
+            "TX-FAIL-05",
+            (ctx.sequence_length, ctx.n_past) == (decoded, decoded),
+            f"a generation failed ({failure}) after {decoded} positions: {ctx.sequence_length} in the cache, "
+            f"n_past {ctx.n_past}",
+        )
 
 
 @pytest.mark.clause("TX-FAIL-04", "TX-FAIL-06")

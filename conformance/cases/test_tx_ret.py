@@ -30,6 +30,18 @@ def test_captures_are_staged_per_decode(backend, loaded):
     expected = {d: [p] for d, p in zip(range(1, g.decodes), range(3, 3 + g.decodes - 1), strict=True)}
     expected[0] = [0, 1, 2]
     expect("TX-RET-01", covered == expected, f"captures per decode {covered}, expected {expected}")
+    # a decode of several micro-batches is one decode: the next ones are numbered on from it, in
+    # their captures and in the transactions their handler sees
+    seen: list[int] = []
+    with tx_context(model, profile, [profile.select("l_out-0", retain=True)], lambda t: seen.append(t.decode)) as ctx:
+        ctx.decode(TOKENS)
+        ctx.decode([1])
+        ctx.decode([2])
+        covered = committed_positions(ctx.drain_captures(), "l_out-0")
+    n = len(TOKENS)
+    expected = {0: list(range(n)), 1: [n], 2: [n + 1]}
+    expect("TX-RET-01", covered == expected, f"captures per decode after {n} tokens in micro-batches: {covered}")
+    expect("TX-RET-01", sorted(set(seen)) == [0, 1, 2], f"the handler saw decodes {sorted(set(seen))}")
 
 
 @pytest.mark.clause("TX-RET-02", "TX-PROF-02")

@@ -186,6 +186,9 @@ Generation generate_on(Context & c, const std::vector<int32_t> & prompt, int32_t
         try {
             // seeded defect HARNESS-04.handler: only the target's transactions are looked at
             Context & failed = retro_defect_on(RETRO_DEFECT_HARNESS_04_HANDLER) ? c : *g.failed;
+            if (retro_defect_on(RETRO_DEFECT_TX_FAIL_05_GENERATION)) {
+                failed.n_past = &failed == &c ? before : draft_before;  // seeded defect: n_past rolled back
+            }
             check_outcome(failed, g.status, &failed == &c ? before : draft_before);
         } catch (CallError & e) {
             e.tokens = g.tokens;

@@ -208,6 +208,9 @@ bool Transactions::begin(int32_t n_tokens) {
 bool Transactions::end(int32_t status) {
     in_decode_ = false;
     decodes_ += 1;
+    if (defect(RETRO_DEFECT_TX_RET_01_MICRO_BATCHES)) {
+        decodes_ += (int64_t) ubatch_tokens_.size() - 1;  // seeded defect: counted per micro-batch
+    }
     if (status != 0) {
         staging_.clear();  // the decode failed natively: only its own staging goes
         return true;       // and llama.cpp's own status is what the caller sees
