@@ -464,7 +464,7 @@ def list_clauses(args: argparse.Namespace) -> int:
     for c in registry.clauses().values():
         defects = registry.defects_of(c.id)
         flag = f" [seeded defects: {', '.join(defects)}]" if defects else ""
-        print(f"{c.id:10} {c.text[:100]}{flag}")
+        print(f"{c.id:10} {c.text[:100]}{flag} [reviewers' defects: {registry.reviewed_summary(c.id)}]")
     return 0
 
 

@@ -214,6 +214,20 @@ def reviewed_of(clause: str) -> list[ReviewedDefect]:
     return [d for d in reviewed_defects().values() if d.clause == clause]
 
 
+def reviewed_summary(clause: str) -> str:
+    """How a clause's reviewers' defects stand: caught at first judgment, caught since an escape,
+    equivalent, still open, out of the clause (empty parts left out)."""
+    ds = reviewed_of(clause)
+    parts = {
+        "caught at first judgment": sum(d.first_judgment == "caught" for d in ds),
+        "caught since": sum(bool(d.caught_since) for d in ds),
+        "equivalent": sum(bool(d.equivalent) for d in ds),
+        "still open": sum(bool(d.still_open) for d in ds),
+        "out of clause": sum(d.first_judgment == "out of clause" for d in ds),
+    }
+    return f"{len(ds)} ({', '.join(f'{n} {k}' for k, n in parts.items() if n)})" if ds else "0"
+
+
 def defects_of(clause: str, backend: str | None = None) -> list[str]:
     """The seeded defects of a clause (those that can show on `backend`, when given)."""
     return [d.id for d in defects().values() if d.clause == clause and (backend is None or d.applies_to(backend))]
