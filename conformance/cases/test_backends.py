@@ -5,8 +5,10 @@ of the model offloaded, and a backend without a device reads "not available"."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import pytest
 import retro
 import retro.rpc
 from retro import _child
-from retro.conformance import backends, support
+from retro.conformance import backends, cli, support
 from retro.conformance.evidence import Bound, against_oracle, bound, expect, nmse, on_path
 from retro.conformance.plugin import not_supported
 from retro.devices import BACKENDS
@@ -148,6 +150,35 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
     _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, ds))
     on_path("rpc_servers=2")
     _serves_as_its_help_says()
+
+
+@pytest.mark.clause("HARNESS-01")
+def test_a_certification_lists_a_requested_backend_it_lacks(backend, tmp_path):
+    """A certification asked for a backend this machine lacks (beside the CPU) lists it in its
+    package as not available, with the reason, in each selected clause's row: it never drops out of
+    results.json. A canary run of one case keeps it short."""
+    absent = next((n for n, b in backends.discover().items() if not b.available and n != "rpc"), None)
+    if absent is None:
+        not_supported("every GPU backend this project builds is available on this machine")
+    out = tmp_path / "out"
+    canaries = Path(cli.__file__).parent / "canaries"
+    cli.main(
+        ["certify", "--cases", str(canaries), "--backend", f"cpu,{absent}", "-k", "test_passes", "--clauses",
+         "HARNESS-06", "--out", str(out), "-j", "1", "-q", "--gate", "covered", "--case-timeout", "120"]
+    )  # fmt: skip
+    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    listed = written["backends"].get(absent, {})
+    expect(
+        "HARNESS-01",
+        listed.get("status") == "not available" and bool(listed.get("reason")),
+        f"{absent}, asked for and absent, is listed as {listed or 'nothing'}",
+    )
+    rows = {c: written["clauses"][c].get(absent) for c in written["selected"]}
+    expect(
+        "HARNESS-01",
+        set(rows.values()) == {"not available"},
+        f"{absent}'s clause rows read {sorted(set(map(str, rows.values())))}",
+    )
 
 
 def _serves_as_its_help_says() -> None:
