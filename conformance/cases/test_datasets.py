@@ -14,7 +14,7 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import Bound, against_oracle, bound, expect, nmse, within
-from retro.testing import label_rows, micro_batch, sparse_targets
+from retro.testing import label_rows, micro_batch, sparse_targets, staged_targets
 
 WIDTH = 256
 # powers of two: sums and doublings of these weights are exact in float32
@@ -131,6 +131,25 @@ def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, se
             fewer = retro.TopKDataset(top_k.tokens, top_k.ids[:, :, :2].copy(), top_k.weights[:, :, :2].copy())
             for ds in (top_k, fewer):
                 tr.epoch(ds, progress=lambda p: sparse.append(sparse_targets(ctx)))
+    # the trainer's staging of a packed step's targets (ids and weights): two epochs of packed
+    # documents, the second on fewer windows, at 64-token micro-batches
+    staged: list[tuple[int, int]] = []
+    rng = np.random.default_rng(seed + 69)
+    documents = [rng.integers(0, n_vocab, size=n, dtype=np.int32) for n in rng.integers(5, 90, size=12)]
+    packed = retro.PackedDataset.pack(documents, width=WIDTH, pad_token=n_vocab - 1)
+    fewer_windows = retro.PackedDataset(packed.tokens[:1].copy(), packed.documents[:1].copy())
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, n_ubatch=64, sequences=16) as ctx,
+        retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr,
+    ):
+        for ds in (packed, fewer_windows):
+            tr.epoch(ds, progress=lambda p: staged.append(staged_targets(tr)))
+    expect(
+        "HOST-05",
+        len(staged) >= 4 and staged[0][0] != 0 and staged[0][1] >= 2 * 64 and set(staged) == {staged[0]},
+        f"the packed staging (address, capacity) went {sorted(set(staged))} over {len(staged)} steps",
+    )
     steps = 2 * top_k.n_windows * (WIDTH // 64)  # two epochs of 64-token micro-batches
     expect(
         "HOST-05",

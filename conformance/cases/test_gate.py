@@ -148,6 +148,8 @@ def test_the_decision_is_printed_with_its_evidence(backend, tmp_path, capsys):
         {"id": "gate", "clauses": ["HARNESS-08"], "backend": "cpu", "defect": None, "outcome": "pass"}
         | {"duration_s": 0.0, "message": "", "caught": None}
     ]
+    # the CPU's rebuild measured: a piece of evidence the decision carries and the terminal prints
+    cases += [c | {"caught": None} for c in _package()["cases"] if c["backend"] == "cpu"]
     res = results.aggregate(run, backends, cases, list(registry.clauses()))
     results.write_all(res, tmp_path)
     written = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
@@ -165,3 +167,8 @@ def test_the_decision_is_printed_with_its_evidence(backend, tmp_path, capsys):
         assert code == 1, f"a refused gate exits {code}"
         assert out.startswith(f"gate {gate.NAME}: refuse on cpu, vulkan"), out[:200]
         assert all(f"missing: {m}" in out for m in decision["missing"]), "the terminal leaves out what is missing"
+        assert decision["evidence"], "the package's decision carries no evidence to print"
+        printed = [line.removeprefix("  evidence: ") for line in out.splitlines() if line.startswith("  evidence: ")]
+        assert printed == decision["evidence"], (
+            f"the terminal prints the evidence {printed[:3]}, not {decision['evidence'][:3]}"
+        )

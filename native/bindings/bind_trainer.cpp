@@ -245,6 +245,7 @@ void bind_trainer(py::module_ & m) {
             .def_property_readonly("iteration", reading(&Trainer::iteration))
             .def_property_readonly("period_position", reading(&Trainer::period_position))
             .def_property_readonly("poisoned", reading(&Trainer::poisoned))
+            .def_property_readonly("staged_targets", &Trainer::staged_targets)
             .def_property_readonly("stop_requests", reading(&Trainer::stop_requests))
             .def(
                     "moment",

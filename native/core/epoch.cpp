@@ -166,10 +166,13 @@ class PackedSource final : public StepSource {
 public:
     // ids and weights: the trainer's staging arrays, which keep their capacity across calls (HOST-05)
     PackedSource(const EpochRequest & r, llama_context * lctx, const RowPlan & plan, std::vector<int32_t> & ids,
-                 std::vector<float> & weights)
-        : r_(r), lctx_(lctx), plan_(plan), ids_(ids), weights_(weights) {}
+                 std::vector<float> & weights, const Defects & defect)
+        : r_(r), lctx_(lctx), plan_(plan), ids_(ids), weights_(weights), defect_(defect) {}
     int64_t stage(const PlannedStep & step) override {
         ids_.assign((size_t) step.n_tokens, 0);
+        if (defect_(RETRO_DEFECT_HOST_05_STAGING)) {
+            ids_ = std::vector<int32_t>((size_t) step.n_tokens, 0);  // seeded defect: a new array every step
+        }
         weights_.assign((size_t) step.n_tokens, 0.0f);
         const int64_t row  = step.window * r_.width;
         const int64_t span = plan_.spans[(size_t) step.window];
@@ -198,6 +201,7 @@ private:
     const RowPlan & plan_;
     std::vector<int32_t> & ids_;
     std::vector<float> & weights_;
+    const Defects & defect_;
 };
 
 }  // namespace
@@ -240,7 +244,7 @@ public:
           // seeded defect CANCEL-01: the caller's C callback takes the runtime's place
           runtime_reached_(!(defect_(RETRO_DEFECT_CANCEL_01) && r.epoch_callback)) {
         if (plan_.packed) {
-            source_ = std::make_unique<PackedSource>(r, lctx_, plan_, t.staged_ids_, t.staged_weights_);
+            source_ = std::make_unique<PackedSource>(r, lctx_, plan_, t.staged_ids_, t.staged_weights_, defect_);
         } else {
             source_ = std::make_unique<DenseSource>(r, lctx_);
         }

@@ -127,6 +127,12 @@ public:
     void set_head(bool fused);
     bool fused_head() const { return fused_head_; }
 
+    // where a packed step's staged target ids live and the staging's capacity in elements (ids and
+    // weights together): for checks of HOST-05, read, never written
+    std::pair<uintptr_t, size_t> staged_targets() const {
+        return {reinterpret_cast<uintptr_t>(staged_ids_.data()), staged_ids_.capacity() + staged_weights_.capacity()};
+    }
+
 private:
     llama_context * ctx() const;
     ggml_opt_context_t opt() const { return llama_opt_get_context(ctx()); }

@@ -17,6 +17,7 @@ from .probes import (
     packed_batch,
     runnable_elsewhere,
     sparse_targets,
+    staged_targets,
     topology_walk,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "packed_batch",
     "runnable_elsewhere",
     "sparse_targets",
+    "staged_targets",
     "topology_walk",
     "upstream_epoch",
     "write_tiny_llama",

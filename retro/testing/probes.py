@@ -96,6 +96,16 @@ def topology_walk(trainer: Trainer) -> tuple[int, int]:
     return int(foreign), int(stale)
 
 
+def staged_targets(trainer: Trainer) -> tuple[int, int]:
+    """Where the trainer stages a packed step's target ids (their address, 0 before the first
+    packed step) and the staging's capacity in elements, ids and weights together: kept across
+    steps and calls, so steps of equal or smaller geometry never reallocate it."""
+    if not isinstance(trainer, Trainer):
+        raise TypeError("trainer must be a retro.Trainer")
+    address, capacity = trainer._h.staged_targets
+    return int(address), int(capacity)
+
+
 @forwarding
 def micro_batch(trainer: Trainer, tokens: np.ndarray, labels: np.ndarray, *, pos0: int = 0, train: bool = True) -> None:
     """One training (or evaluation) micro-batch of the fork's step at positions pos0.., with
