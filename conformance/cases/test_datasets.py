@@ -143,8 +143,8 @@ def test_the_label_rows_keep_their_capacity_across_steps(backend, model_path, se
         support.context(model, n_ubatch=64, sequences=16) as ctx,
         retro.Trainer(ctx, optimizer=retro.SGD(lr=0.125)) as tr,
     ):
-        for ds in (packed, fewer_windows):
-            tr.epoch(ds, progress=lambda p: staged.append(staged_targets(tr)))
+        for packed_ds in (packed, fewer_windows):
+            tr.epoch(packed_ds, progress=lambda p: staged.append(staged_targets(tr)))
     expect(
         "HOST-05",
         len(staged) >= 4 and staged[0][0] != 0 and staged[0][1] >= 2 * 64 and set(staged) == {staged[0]},
