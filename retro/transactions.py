@@ -218,7 +218,10 @@ class Profile:
                 if len(layout.shape) != 4:
                     raise ValueError("a node's shape has four dimensions")
                 nodes[layout.name] = layout
-            return cls(str(raw["pin"]), str(raw["architecture"]), tuple(str(b) for b in raw["backend"]), nodes)
+            pin = str(raw["pin"])
+            if _checks.seeded("TX-PROF-01.loaded-pin"):
+                pin = build_pin()  # seeded defect: a loaded profile takes this build's pin
+            return cls(pin, str(raw["architecture"]), tuple(str(b) for b in raw["backend"]), nodes)
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"not a tensor-transaction profile: {e}") from None
 

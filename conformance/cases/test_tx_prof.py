@@ -46,11 +46,13 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         ctx.decode(TOKENS[:4])
     elsewhere = ("Vulkan0",) if profile.backend != ("Vulkan0",) else ("CPU",)
     for field, value in (("pin", "0000000"), ("architecture", "gpt2"), ("backend", elsewhere)):
+        # in memory, and saved and loaded back: a file keeps what it was recorded for
         foreign = dataclasses.replace(profile, **{field: value})
-        tx = TensorTransactions(foreign, [foreign.select("l_out-0", retain=True)])
-        with bound("TX-PROF-01"), pytest.raises(ProfileError):
-            plain_context(model, tx).close()
-        expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
+        for kept in (foreign, Profile.load(foreign.save(tmp_path / f"foreign-{field}.json"))):
+            tx = TensorTransactions(kept, [kept.select("l_out-0", retain=True)])
+            with bound("TX-PROF-01"), pytest.raises(ProfileError):
+                plain_context(model, tx).close()
+            expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
     # the profile a user records with the shipped command is the one recorded here
     recorded = tmp_path / "retro-profile.json"
     argv = [str(model.path), "--out", str(recorded), "--gpu-layers", "-1"]
