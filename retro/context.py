@@ -93,9 +93,10 @@ class Context(NativeHandle):
         when neither ``n_threads`` nor RETRO_THREADS names a count)."""
         self.transactions = transactions
         """The tensor transactions this context took when it was created, if any."""
-        self._h = forwarding(_native.Context)(
-            model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, sequences, transactions._h if transactions else None
-        )
+        given = transactions._h if transactions else None
+        if transactions and not transactions.selectors and _checks.seeded("TX-OWN-01.captures-only"):
+            given = None  # seeded defect: borrowed captures alone are never installed
+        self._h = forwarding(_native.Context)(model._h, n_ctx, n_batch, n_ubatch, threads, adaptive, sequences, given)
         self._opened()
         if transactions is not None:
             _WITH_TRANSACTIONS.add(self)

@@ -35,6 +35,7 @@ from retro.conformance.cases._transactions import (
 )
 from retro.conformance.evidence import bound, expect
 from retro.transactions import TensorTransactions, Transaction
+from retro.unsafe import TensorCapture
 
 
 @pytest.mark.clause("TX-OWN-01", "TX-OWN-02")
@@ -57,6 +58,15 @@ def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
         expect(
             "TX-OWN-01", tx.address == installed, f"the parameters name {tx.address:#x}, llama.cpp calls {installed:#x}"
         )
+    # a state of borrowed captures alone (no selector of its own) is installed all the same, and
+    # llama.cpp's callback writes the caller's array through it
+    out = np.zeros((len(TOKENS), model.n_embd), np.float32)
+    only = TensorTransactions(profile, [], captures=[TensorCapture.unsafe_borrow(profile.select("attn_norm-0"), out)])
+    with plain_context(model, only) as ctx:
+        installed = ctx._h.eval_callback_user_data
+        expect("TX-OWN-01", installed == only.address, f"borrowed captures alone: llama.cpp holds {installed:#x}")
+        ctx.decode(TOKENS)
+    expect("TX-OWN-01", bool(np.any(out != 0)), "borrowed captures alone: the callback never wrote the array")
 
 
 @pytest.mark.clause("TX-OWN-03")
