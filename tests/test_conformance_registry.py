@@ -138,3 +138,14 @@ def test_every_reviewers_defect_names_its_clause_and_each_escape_what_catches_it
         seeded = re.findall(r"seeded as (\S+)", d.caught_since)
         assert all(s in registry.defects() for s in seeded), (d.id, seeded)
     assert sum(len(registry.reviewed_of(c)) for c in registry.clauses()) == len(reviewed)
+
+
+def test_every_clause_has_three_reviewers_defects_caught():
+    """Every clause has at least three defects written by a reviewer who had not read its check,
+    each caught: at first judgment, or since (its escape answered by a grown check)."""
+    short = {
+        c: n
+        for c in registry.clauses()
+        if (n := sum(d.first_judgment == "caught" or bool(d.caught_since) for d in registry.reviewed_of(c))) < 3
+    }
+    assert not short, f"clauses with fewer than three reviewers' defects caught: {short}"
