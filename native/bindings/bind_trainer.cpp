@@ -245,7 +245,12 @@ void bind_trainer(py::module_ & m) {
             .def_property_readonly("iteration", reading(&Trainer::iteration))
             .def_property_readonly("period_position", reading(&Trainer::period_position))
             .def_property_readonly("poisoned", reading(&Trainer::poisoned))
-            .def_property_readonly("staged_targets", &Trainer::staged_targets)
+            .def_property_readonly("staged_targets",
+                                   [](Trainer & t) {
+                                       // not while an epoch on another thread may grow the staging
+                                       Busy busy(t.held(), CallGuard::Nesting::allowed);
+                                       return t.staged_targets();
+                                   })
             .def_property_readonly("stop_requests", reading(&Trainer::stop_requests))
             .def(
                     "moment",
