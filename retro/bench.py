@@ -503,7 +503,7 @@ def head_peak(model: Path, head: str, k: int, epochs: int = 3) -> dict[str, floa
     import resource
 
     import retro
-    from retro.testing import label_rows, sparse_targets
+    from retro.testing import target_arrays
 
     ds = _top_k_windows(HEADS_VOCAB, k)
     with (
@@ -513,7 +513,7 @@ def head_peak(model: Path, head: str, k: int, epochs: int = 3) -> dict[str, floa
     ):
         for _ in range(epochs):
             tr.epoch(ds)
-        labels = 4 * (label_rows(c)[1] + sparse_targets(c))
+        labels = 4 * target_arrays(c).capacity
     # VmHWM: this process image's own peak (ru_maxrss would keep the forking parent's across exec)
     status = Path("/proc/self/status")
     hwm = next((ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")), "") if status.exists() else ""

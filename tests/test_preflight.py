@@ -12,7 +12,7 @@ import retro
 import retro.fault_injection as fi
 from conftest import dataset
 from retro._native import live_buffer_bytes
-from retro.testing import label_rows, live_allocations, sparse_targets
+from retro.testing import live_allocations, target_arrays
 
 #: the preflight against the real allocation (measured on the CPU: within 32 bytes, the optimizer
 #: parameters' buffer, which an evaluation micro-batch frees and the next training step makes again)
@@ -24,7 +24,7 @@ def _live() -> dict[str, int]:
 
 
 def _host_targets(ctx: retro.Context) -> int:
-    return 4 * (label_rows(ctx)[1] + sparse_targets(ctx))
+    return 4 * target_arrays(ctx).capacity
 
 
 def _top_k(n_windows: int, width: int, k: int = 8) -> retro.TopKDataset:

@@ -126,19 +126,13 @@ void bind_context(py::module_ & m) {
                                    guarded([](Context & self) { return llama_n_threads_batch(self.get()); }))
             .def("close", &retro::close, py::call_guard<WithoutGil>())
             .def_property_readonly("closed", [](const Context & self) { return self.ctx == nullptr; })
-            // (address, capacity in floats) of the training steps' host label rows
-            .def_property_readonly("label_rows",
+            // (address, capacity in elements) of the host arrays of the training steps' targets
+            .def_property_readonly("target_arrays",
                                    [](Context & self) {
                                        Busy busy(self, CallGuard::Nesting::allowed);
-                                       size_t capacity    = 0;
-                                       const float * rows = llama_opt_label_rows(self.get(), &capacity);
-                                       return py::make_tuple(reinterpret_cast<uintptr_t>(rows), capacity);
-                                   })
-            // capacity in elements of the fused head's host target arrays, all three together
-            .def_property_readonly("sparse_target_capacity",
-                                   [](Context & self) {
-                                       Busy busy(self, CallGuard::Nesting::allowed);
-                                       return llama_opt_sparse_target_capacity(self.get());
+                                       size_t capacity      = 0;
+                                       const void * indices = llama_opt_target_arrays(self.get(), &capacity);
+                                       return py::make_tuple(reinterpret_cast<uintptr_t>(indices), capacity);
                                    })
             .def_property_readonly("n_ctx", guarded([](Context & self) { return llama_n_ctx(self.get()); }))
             .def_property_readonly("n_batch", guarded([](Context & self) { return llama_n_batch(self.get()); }))

@@ -12,23 +12,22 @@ from ..context import Context
 from ..training import Trainer
 
 
-def label_rows(context: Context) -> tuple[int, int]:
-    """Where the context's host label rows live: their address (0 before the first training step)
-    and their capacity in floats. Each step fills them and copies them to the device whole; they
-    are kept across steps, so steps of equal or smaller geometry never reallocate them."""
-    if not isinstance(context, Context):
-        raise TypeError("context must be a retro.Context")
-    address, capacity = context._h.label_rows
-    return int(address), int(capacity)
+class TargetArrays(NamedTuple):
+    """The host arrays a context's training steps fill with their targets, as llama.cpp holds them."""
+
+    address: int  # of the flat indices (0 before the first training step)
+    capacity: int  # in elements: the indices, the weights and the fused head's best ids together
 
 
-def sparse_targets(context: Context) -> int:
-    """The capacity, in elements, of the host arrays a fused-head step fills with its targets (k
-    indices and k weights per token, and one best id per token, together): 0 before the first
-    fused step. Read back from llama.cpp."""
+def target_arrays(context: Context) -> TargetArrays:
+    """The host arrays of a context's training steps' targets, on either head: k flat indices and k
+    weights per token, and on the fused head one best id per token; the dense head's
+    [vocab x tokens] label rows are made on the device from them. They are kept across steps, so
+    steps of equal or smaller geometry never reallocate them."""
     if not isinstance(context, Context):
         raise TypeError("context must be a retro.Context")
-    return int(context._h.sparse_target_capacity)
+    address, capacity = context._h.target_arrays
+    return TargetArrays(int(address), int(capacity))
 
 
 class PackedBatch(NamedTuple):
