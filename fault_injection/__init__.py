@@ -9,9 +9,11 @@ with the armed failure never reached.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from retro import _checks
 from retro._native import hooks as _hooks
 
 #: every site compiled into the fork, in the order a training step meets them
@@ -44,6 +46,18 @@ def stall(site: str, hit: int, seconds: float) -> None:
 def stalling() -> bool:
     """True while a thread is parked by `stall`."""
     return bool(_hooks.stalling())
+
+
+@contextlib.contextmanager
+def ungated_topology_cache() -> Iterator[None]:
+    """Within it, ``retro.Trainer(topology_cache=True)`` switches the packed-topology cache on
+    without a gate package: for the checks whose results are the gate's evidence (TOPO-07). A
+    ValueError in a release build, which switches the cache on through the gate alone."""
+    _checks.waive_topology_gate(True)
+    try:
+        yield
+    finally:
+        _checks.waive_topology_gate(False)
 
 
 def reset() -> None:

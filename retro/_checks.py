@@ -29,6 +29,26 @@ def test_build() -> bool:
     return _SWITCHES
 
 
+_topology_gate_waived = False
+
+
+def waive_topology_gate(waived: bool) -> None:
+    """The test door's switch that lets Trainer(topology_cache=True) run without a gate package,
+    for the checks that make the gate's evidence (retro.fault_injection.ungated_topology_cache).
+    A release build has no such door: there the cache is switched on through the gate alone."""
+    global _topology_gate_waived
+    if waived and not _SWITCHES:
+        raise ValueError(
+            "the packed-topology cache without its gate exists only in a build with the test door; "
+            "this build switches it on through the gate alone"
+        )
+    _topology_gate_waived = bool(waived)
+
+
+def topology_gate_waived() -> bool:
+    return _SWITCHES and _topology_gate_waived
+
+
 def integer(name: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
     """An int in [minimum, maximum]; beyond a native counter's range is an OverflowError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -4,9 +4,9 @@ whether a trainer may switch it on.
 The cache is off by default. ``Trainer(topology_cache=True)`` switches it on only with a results
 package whose packed-topology gate (``retro-conformance gate topology-cache``) enables it for this
 build (retro, llama.cpp pin, patch series) and for every backend the trainer's model runs on;
-``topology_cache="forced"`` switches it on without one, for the checks that produce that evidence:
-it exists only in a build with the test door, so a release build switches the cache on through
-the gate alone (TOPO-07)."""
+the checks that produce that evidence switch it on without one through the harness's test door
+(``retro.fault_injection.ungated_topology_cache``), which a release build does not have: there, and
+through this API in every build, the cache is switched on through the gate alone (TOPO-07)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ REASONS = ("empty", "geometry", "targets", "head", "kind", "trainable", "decode"
 MISSES = REASONS[:6]
 #: where a trainer looks for the gate's results package when none is given
 GATE_ENV = "RETRO_TOPOLOGY_GATE"
-MODES = (False, True, "forced")
+MODES = (False, True)
 
 
 class TopologyCacheStats(NamedTuple):
@@ -65,15 +65,16 @@ def backends_of(tensor_devices: dict[str, str]) -> list[str]:
     return _backends_of(tensor_devices.values())
 
 
-def check_mode(mode: object) -> bool | str:
-    if mode not in MODES or (isinstance(mode, int) and not isinstance(mode, bool)):
-        raise ValueError(f"topology_cache must be False, True or 'forced', not {mode!r}")
-    if mode == "forced" and not _checks.test_build():
-        raise ValueError(
-            "topology_cache='forced' (the cache without its gate) exists only in a build with the test door, "
-            "for the checks that produce the gate's evidence; this build switches it on through the gate alone"
-        )
-    return mode if isinstance(mode, (bool, str)) else False
+def check_mode(mode: object) -> bool:
+    if not isinstance(mode, bool):
+        raise ValueError(f"topology_cache must be False or True, not {mode!r}")
+    return mode
+
+
+def gated(mode: bool) -> bool:
+    """Whether switching the cache on needs the gate: always, but while the harness's test door
+    waives it for the checks that make the gate's evidence."""
+    return mode and not _checks.topology_gate_waived()
 
 
 def require_gate(package: str | os.PathLike[str] | None, backends: list[str]) -> None:

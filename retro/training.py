@@ -156,9 +156,9 @@ class Trainer(NativeHandle):
     evaluation, trainable tensors) matches the one entry's runs its graphs again instead of
     rebuilding them. ``True`` needs a results package whose gate enables the cache for this build
     and for every backend the model runs on (``topology_gate``, a folder or its results.json, or
-    ``$RETRO_TOPOLOGY_GATE``), else :class:`retro.TopologyGateError` says what is missing;
-    ``"forced"`` switches it on without one, in a build with the test door only (the checks that
-    produce the gate's evidence)."""
+    ``$RETRO_TOPOLOGY_GATE``), else :class:`retro.TopologyGateError` says what is missing. (The
+    checks that produce the gate's evidence waive it through the harness's test door, which a
+    release build does not have.)"""
 
     _h: _native.Trainer
 
@@ -172,7 +172,7 @@ class Trainer(NativeHandle):
         schedule: Schedule | None = None,
         horizon: int | None = None,
         head: str = "dense",
-        topology_cache: bool | str = False,
+        topology_cache: bool = False,
         topology_gate: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(context, Context):
@@ -201,7 +201,7 @@ class Trainer(NativeHandle):
                 f"training needs n_ctx ({n_ctx}) divisible by n_batch ({n_batch}) and n_batch "
                 f"divisible by n_ubatch ({n_ubatch})"
             )
-        if cache is True:  # before anything native: a refused gate leaves no trainer behind
+        if topology.gated(cache):  # before anything native: a refused gate leaves no trainer behind
             topology.require_gate(topology_gate, topology.backends_of(context.model.tensor_devices()))
         self.context = context
         self.optimizer = optimizer

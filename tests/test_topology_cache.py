@@ -1,5 +1,5 @@
 """The packed-topology cache against the trainer without it: a stateful property test drives two
-trainers in lockstep, one with the cache off, one with it on (forced), through epochs, cancels at
+trainers in lockstep, one with the cache off, one with it on (ungated: the test door), through epochs, cancels at
 any micro-batch, failures at the sites both reach, checkpoints, restores into new trainers and
 decodes between them, and holds every parameter bitwise equal after every step (the CPU), with
 the same typed errors and the same optimizer cursor. The failure sites the cache skips on a hit
@@ -7,6 +7,8 @@ the same typed errors and the same optimizer cursor. The failure sites the cache
 different micro-batches by design."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -39,9 +41,10 @@ class Twin:
 
     def new_trainer(self) -> None:
         optimizer = retro.AdamW(lr=1e-3) if self.adamw else retro.SGD(lr=0.01)
-        self.tr = retro.Trainer(
-            self.ctx, optimizer=optimizer, accumulation=self.accumulation, topology_cache=self.cache
-        )
+        with fi.ungated_topology_cache() if self.cache else contextlib.nullcontext():
+            self.tr = retro.Trainer(
+                self.ctx, optimizer=optimizer, accumulation=self.accumulation, topology_cache=bool(self.cache)
+            )
 
     def close(self) -> None:
         self.tr.close()
@@ -155,7 +158,8 @@ def test_the_cache_runs_kept_graphs_and_rebuilds_after_each_event(model_path):
     with (
         retro.Model.load(model_path, devices=[], trainable=True) as m,
         retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=64) as c,
-        retro.Trainer(c, topology_cache="forced") as tr,
+        fi.ungated_topology_cache(),
+        retro.Trainer(c, topology_cache=True) as tr,
     ):
         tr.epoch(dataset(2))
         s = tr.topology_cache
@@ -176,7 +180,7 @@ def test_the_cache_runs_kept_graphs_and_rebuilds_after_each_event(model_path):
         assert (s.enabled, s.hits, s.misses, s.invalidations) == (False, 0, 0, 0)
 
 
-@pytest.mark.parametrize("mode", [1, "on", None, 0.5])
+@pytest.mark.parametrize("mode", [1, "on", "forced", None, 0.5])
 def test_a_bad_topology_cache_mode_is_refused_before_anything_native(model_path, mode):
     with (
         retro.Model.load(model_path, devices=[], trainable=True) as m,
@@ -199,7 +203,8 @@ def test_upstreams_loop_on_a_cached_trainer_drops_the_entry_and_trains_as_withou
         with (
             retro.Model.load(model_path, devices=[], trainable=True) as m,
             retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=64) as c,
-            retro.Trainer(c, optimizer=retro.SGD(lr=0.01), topology_cache=cache) as tr,
+            fi.ungated_topology_cache() if cache else contextlib.nullcontext(),
+            retro.Trainer(c, optimizer=retro.SGD(lr=0.01), topology_cache=bool(cache)) as tr,
         ):
             tr.epoch(dataset(1, seed=1))
             upstream_epoch(tr, dataset(1, seed=2))

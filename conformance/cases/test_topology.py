@@ -14,6 +14,7 @@ with the cache off and on, side by side in one run, into results.json for the ga
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -28,6 +29,13 @@ import retro.fault_injection as fi
 from retro.conformance import gate, registry, results, support
 from retro.conformance.evidence import bound, expect, measure
 from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk, upstream_epoch
+
+
+def _ungated(cache: bool | str) -> contextlib.AbstractContextManager[None]:
+    """The checks' cache modes: off (False), or "forced", on without the gate whose evidence these
+    checks make, through the test door."""
+    return fi.ungated_topology_cache() if cache == "forced" else contextlib.nullcontext()
+
 
 WIDTH = 256
 
@@ -80,7 +88,7 @@ class _Run:
 def _run(
     backend,
     model_path,
-    cache,
+    cache: bool | str,
     steps,
     *,
     n_ctx=WIDTH,
@@ -97,9 +105,16 @@ def _run(
         support.load(backend, model_path) as model,
         support.context(model, n_ctx=n_ctx, n_ubatch=n_ubatch, sequences=sequences) as ctx,
     ):
-        with retro.Trainer(
-            ctx, optimizer=opt or retro.AdamW(lr=1e-3), accumulation=accumulation, head=head, topology_cache=cache
-        ) as tr:
+        with (
+            _ungated(cache),
+            retro.Trainer(
+                ctx,
+                optimizer=opt or retro.AdamW(lr=1e-3),
+                accumulation=accumulation,
+                head=head,
+                topology_cache=bool(cache),
+            ) as tr,
+        ):
 
             def observe(_p=None) -> bool:
                 run.built.append(last_step_forward_nodes(ctx))
@@ -476,8 +491,10 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
     """topology_cache=True with no package, a refusing one or one of another patch series raises the
     typed error naming what is missing (each missing piece of evidence, the gate's own list, and past
     six a count of the rest), before a trainer exists; with a package of this build whose
-    gate enables the cache for this backend it is on; "forced" needs none; any other value (a string
-    that reads as "on", a number) is refused as bad input, never taken as a wish that skips the gate."""
+    gate enables the cache for this backend it is on; only the test door's waiver, for the checks that
+    make the evidence, needs none, and the API is gated again once it ends; any other value ("forced",
+    a string that reads as "on", a number) is refused as bad input, never taken as a wish that skips
+    the gate."""
     enabling = _package(tmp_path, backend)
     refusing = _package(tmp_path, backend, failing=("TOPO-05",))
     foreign = _package(tmp_path, backend, series="0" * 64)
@@ -503,12 +520,15 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
             )
         with retro.Trainer(ctx, topology_cache=True, topology_gate=enabling) as tr:
             expect("TOPO-07", tr.topology_cache.enabled, "an enabling gate left the cache off")
-        with retro.Trainer(ctx, topology_cache="forced") as tr:
-            expect("TOPO-07", tr.topology_cache.enabled, "forced left the cache off")
+        with fi.ungated_topology_cache(), retro.Trainer(ctx, topology_cache=True) as tr:
+            expect("TOPO-07", tr.topology_cache.enabled, "the test door's waiver left the cache off")
+        # the waiver ends with its block: the API is gated again
+        with bound("TOPO-07"), pytest.raises(retro.TopologyGateError):
+            retro.Trainer(ctx, topology_cache=True)
         with retro.Trainer(ctx) as tr:
             expect("TOPO-07", not tr.topology_cache.enabled, "the cache is on without being asked for")
         # a spelling of "on" the binding does not know is refused, not taken as a wish that skips the gate
-        unknown: tuple[Any, ...] = ("on", "True", "Forced", 1, 2.0, None)  # what a caller may pass untyped
+        unknown: tuple[Any, ...] = ("forced", "on", "True", 1, 2.0, None)  # what a caller may pass untyped
         for mode in unknown:
             with bound("TOPO-07"), pytest.raises(ValueError, match="topology_cache must be"):
                 retro.Trainer(ctx, topology_cache=mode)

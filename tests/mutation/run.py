@@ -64,7 +64,7 @@ PREPARED = BUILD / "llama.cpp"  # the patched llama.cpp tree of this build folde
 # universalmutator's command, installed beside this interpreter (a venv's bin need not be on PATH)
 MUTATE = shutil.which("mutate") or str(Path(sys.executable).with_name("mutate"))
 sys.path.append(str(REPO))  # after the installed packages: `retro` must stay the built one
-from conformance import registry  # noqa: E402 - the registry is plain data and stdlib code
+from conformance import outcomes, registry  # noqa: E402 - the registry and the outcome names
 
 # the whole certification judges every mutant
 COVERED = ",".join(registry.clauses())
@@ -274,6 +274,7 @@ class Certification:
     failed: list[str]  # clauses with a check that failed or crashed
     verdicts: dict[str, str]  # "CLAUSE on backend" -> its status
     first_failure: str = ""  # the first failed check and the head of its message
+    partial: frozenset[str] = frozenset()  # "CLAUSE on backend" read partial: passing where implemented
 
 
 def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: str = COVERED) -> Certification:
@@ -305,9 +306,15 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: st
     saved = json.loads(results.read_text(encoding="utf-8"))
     failed = sorted({c for r in saved["cases"] if r["outcome"] in ("fail", "crash") for c in r["clauses"]})
     verdicts = {f"{cid} on {b}": v for cid, per in saved["clauses"].items() for b, v in per.items()}
+    partial = frozenset(
+        f"{cid} on {b}"
+        for cid, per in saved["clause_details"].items()
+        for b, why in per.items()
+        if why.startswith(outcomes.PARTLY_IMPLEMENTED)
+    )
     first = next((r for r in saved["cases"] if r["outcome"] in ("fail", "crash")), None)
     head = f"{first['nodeid'].split('::')[-1]}: {(first.get('message') or '')[:300]}" if first else ""
-    return Certification(run.returncode, failed, verdicts, head)
+    return Certification(run.returncode, failed, verdicts, head, partial)
 
 
 def lost(baseline: Certification, mutant: Certification) -> list[str]:
@@ -850,9 +857,11 @@ class Judge:
         return self._defect_baseline
 
     def defect_baseline_shortfall(self) -> list[str]:
-        """What keeps the unmutated build from being certified: failed clauses, or ones not passing."""
+        """What keeps the unmutated build from being certified: failed clauses, or ones not passing
+        (but where the registry says a part is not implemented and the rest passes)."""
         base = self.defect_baseline()
-        short = base.failed or [k for k, v in base.verdicts.items() if v not in ("pass", "not supported")]
+        ok = ("pass", "not supported")
+        short = base.failed or [k for k, v in base.verdicts.items() if v not in ok and k not in base.partial]
         return short or ([] if base.returncode == 0 else [f"exit status {base.returncode}"])
 
     def mutant(self, m: Mutant) -> None:
