@@ -16,13 +16,13 @@ def _package(cases: list[dict], backends: dict | None = None, **run: object) -> 
         {"start_time": "t", **BUILD, **run},
         backends or {"cpu": AVAILABLE, "rpc": AVAILABLE},
         cases,
-        ["BASE-01", "BASE-02", "BASE-03"],
+        ["CANCEL-04", "BASE-02", "BASE-03"],
     )
 
 
 def _release() -> list[dict]:
-    cs = [*proven("a", "BASE-01"), *proven("b", "BASE-02"), *proven("c", "BASE-03")]
-    cs += [*proven("a", "BASE-01", "rpc"), *proven("b", "BASE-02", "rpc"), *proven("c", "BASE-03", "rpc")]
+    cs = [*proven("a", "CANCEL-04"), *proven("b", "BASE-02"), *proven("c", "BASE-03")]
+    cs += [*proven("a", "CANCEL-04", "rpc"), *proven("b", "BASE-02", "rpc"), *proven("c", "BASE-03", "rpc")]
     cs[0]["bounds"] = [{"bound": "logits NMSE", "observation": "logits", "error": 1e-8, "limit": 1e-6}]
     return cs
 
@@ -71,9 +71,9 @@ def test_the_same_package_twice_has_no_change_and_an_absent_backend_is_not_a_reg
     assert capsys.readouterr().out.splitlines() == ["diff: no regression"]
     gone = _package([c for c in _release() if c["backend"] == "cpu"], {"cpu": AVAILABLE, "rpc": ABSENT})
     d = diff.compare(old, gone)
-    assert not d.regressed and "BASE-01 on rpc" in [c.where for c in d.not_compared]
+    assert not d.regressed and "CANCEL-04 on rpc" in [c.where for c in d.not_compared]
     # a fixed clause reads as an improvement the other way round
-    assert not diff.compare(_package([case("a", ["BASE-01"], "fail")]), old).regressed
+    assert not diff.compare(_package([case("a", ["CANCEL-04"], "fail")]), old).regressed
 
 
 def test_a_clause_that_now_passes_leads_and_defect_runs_decided_elsewhere_are_no_regression():

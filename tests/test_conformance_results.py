@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -42,23 +43,38 @@ def proven(name, clause, backend="cpu"):
 
 
 def test_a_clause_passes_only_when_each_of_its_defects_was_caught():
-    ok = proven("a", "BASE-01")
-    assert results.clause_status("BASE-01", AVAILABLE, ok)[0] == "pass"
-    assert results.clause_status("BASE-01", AVAILABLE, ok[:1]) == (
+    ok = proven("a", "CANCEL-04")
+    assert results.clause_status("CANCEL-04", AVAILABLE, ok)[0] == "pass"
+    assert results.clause_status("CANCEL-04", AVAILABLE, ok[:1]) == (
         "not covered",
-        "seeded defect(s) not run: " + ", ".join(registry.defects_of("BASE-01")),
+        "seeded defect(s) not run: " + ", ".join(registry.defects_of("CANCEL-04")),
     )
     # a defect that ran and that no check caught fails the clause, named (HARNESS-07)
-    one_survived = [c for c in ok if c["defect"] != "BASE-01.eval-period"]
-    one_survived.append(case("a", ["BASE-01"], "survived", defect="BASE-01.eval-period"))
-    status, why = results.clause_status("BASE-01", AVAILABLE, one_survived)
-    assert status == "fail" and why.endswith("BASE-01.eval-period (survived in a)")
+    one_survived = [c for c in ok if c["defect"] != "CANCEL-04.exception"]
+    one_survived.append(case("a", ["CANCEL-04"], "survived", defect="CANCEL-04.exception"))
+    status, why = results.clause_status("CANCEL-04", AVAILABLE, one_survived)
+    assert status == "fail" and why.endswith("CANCEL-04.exception (survived in a)")
     # another check citing the clause may catch the defect this one missed
-    other = [case("b", ["BASE-01"], "pass"), case("b", ["BASE-01"], "caught", defect="BASE-01.eval-period")]
-    assert results.clause_status("BASE-01", AVAILABLE, one_survived + other)[0] == "pass"
-    assert results.clause_status("BASE-01", AVAILABLE, [])[0] == "not covered"
-    assert results.clause_status("BASE-01", ABSENT, ok)[0] == "not available"
+    other = [case("b", ["CANCEL-04"], "pass"), case("b", ["CANCEL-04"], "caught", defect="CANCEL-04.exception")]
+    assert results.clause_status("CANCEL-04", AVAILABLE, one_survived + other)[0] == "pass"
+    assert results.clause_status("CANCEL-04", AVAILABLE, [])[0] == "not covered"
+    assert results.clause_status("CANCEL-04", ABSENT, ok)[0] == "not available"
     assert results.clause_status("HOST-01", AVAILABLE, [case("h", ["HOST-01"], "pass")])[0] == "not covered"
+
+
+def test_a_partly_implemented_clause_passes_where_implemented_and_never_certifies(monkeypatch):
+    """A clause whose registry entry names a part the binding does not implement reads partial once
+    its checks pass and its defects are caught: "not covered", saying what passed and what is not
+    implemented, and its backend is not certified; short of that it reads as any other clause."""
+    partial = dataclasses.replace(registry.clauses()["CANCEL-04"], unimplemented="the rest of it")
+    monkeypatch.setitem(registry.clauses(), "CANCEL-04", partial)
+    ok = proven("a", "CANCEL-04")
+    status, why = results.clause_status("CANCEL-04", AVAILABLE, ok)
+    assert status == "not covered" and why.startswith(outcomes.PARTLY_IMPLEMENTED), why
+    assert why.endswith("not implemented: the rest of it")
+    assert results.clause_status("CANCEL-04", AVAILABLE, ok[:1])[1].startswith("seeded defect(s) not run")
+    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, ok, ["CANCEL-04"])
+    assert res["verdict"] == {"cpu": "not certified"}
 
 
 def test_a_clause_passes_on_a_backend_only_where_each_path_it_names_ran_there():
@@ -142,9 +158,9 @@ def test_a_partial_run_never_certifies():
 
 def test_expectations_turn_failures_into_expected_ones_and_passes_into_failures():
     exp = {"cpu": [results.Expectation(case="a", result="fail", reason="upstream bug", reference="issue 1")]}
-    out = results.apply_expectations([case("a", ["BASE-01"], "fail", message="boom")], exp)
+    out = results.apply_expectations([case("a", ["CANCEL-04"], "fail", message="boom")], exp)
     assert out[0]["outcome"] == "expected failure" and "upstream bug" in out[0]["message"]
-    out = results.apply_expectations([case("a", ["BASE-01"], "pass")], exp)
+    out = results.apply_expectations([case("a", ["CANCEL-04"], "pass")], exp)
     assert out[0]["outcome"] == "fail" and "unexpected pass" in out[0]["message"]
 
 
@@ -156,13 +172,13 @@ def test_an_expectation_needs_a_reason_and_a_reference_and_goes_stale_with_its_c
     with pytest.raises(ValueError, match="a reason and a reference"):
         results.load_expectations("cpu", tmp_path)
     exp = [results.Expectation(case="a", result="fail", reason="bug", reference="issue 1")]
-    assert results.stale_expectations("cpu", exp, [case("a", ["BASE-01"], "fail")]) == []
-    assert results.stale_expectations("cpu", exp, [case("b", ["BASE-01"], "fail")]) == exp
+    assert results.stale_expectations("cpu", exp, [case("a", ["CANCEL-04"], "fail")]) == []
+    assert results.stale_expectations("cpu", exp, [case("b", ["CANCEL-04"], "fail")]) == exp
 
 
 def test_every_registry_clause_is_listed_and_the_verdict_counts_the_selection():
-    cs = proven("a", "BASE-01")
-    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "cuda": ABSENT}, cs, ["BASE-01"])
+    cs = proven("a", "CANCEL-04")
+    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "cuda": ABSENT}, cs, ["CANCEL-04"])
     assert set(res["clauses"]) == set(registry.clauses())
     assert res["clauses"]["BASE-02"]["cpu"] == "not selected"
     assert res["verdict"] == {"cpu": "certified", "cuda": "not available"}
@@ -173,13 +189,13 @@ def test_every_registry_clause_is_listed_and_the_verdict_counts_the_selection():
 def test_shards_merge_into_one_verdict_and_tampering_is_detected():
     build = {"retro": "0.1.0", "llama_cpp": "0c1e57098", "patch_series_sha256": "abc"}
     cpu = results.aggregate(
-        {"start_time": "1", **build}, {"cpu": AVAILABLE, "cuda": ABSENT}, proven("a", "BASE-01"), ["BASE-01"]
+        {"start_time": "1", **build}, {"cpu": AVAILABLE, "cuda": ABSENT}, proven("a", "CANCEL-04"), ["CANCEL-04"]
     )
     gpu = results.aggregate(
         {"start_time": "2", **build},
         {"cpu": ABSENT, "cuda": AVAILABLE},
-        [case("a", ["BASE-01"], "fail", backend="cuda", message="diff")],
-        ["BASE-01"],
+        [case("a", ["CANCEL-04"], "fail", backend="cuda", message="diff")],
+        ["CANCEL-04"],
     )
     merged = results.merge([cpu, gpu])
     assert merged["backends"]["cpu"]["status"] == merged["backends"]["cuda"]["status"] == "available"
@@ -187,7 +203,10 @@ def test_shards_merge_into_one_verdict_and_tampering_is_detected():
     assert len(merged["shards"]) == 2
     results.verify(merged)
     other = results.aggregate(
-        {"start_time": "3", **build, "patch_series_sha256": "def"}, {"cpu": ABSENT, "cuda": AVAILABLE}, [], ["BASE-01"]
+        {"start_time": "3", **build, "patch_series_sha256": "def"},
+        {"cpu": ABSENT, "cuda": AVAILABLE},
+        [],
+        ["CANCEL-04"],
     )
     with pytest.raises(ValueError, match="different builds"):
         results.merge([cpu, other])
@@ -198,23 +217,23 @@ def test_shards_merge_into_one_verdict_and_tampering_is_detected():
 
 def test_outputs_are_well_formed(tmp_path):
     cs = [
-        case("a", ["BASE-01"], "pass"),
-        case("b", ["BASE-01"], "fail", message="x <&> y"),
+        case("a", ["CANCEL-04"], "pass"),
+        case("b", ["CANCEL-04"], "fail", message="x <&> y"),
         case("c", ["BASE-02"], "crash"),
         case("d", ["BASE-03"], "not supported", message="no op"),
     ]
-    res = results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, ["BASE-01"])
+    res = results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, ["CANCEL-04"])
     results.write_all(res, tmp_path)
     loaded = json.loads((tmp_path / "results.json").read_text())
     results.verify(loaded)
     suites = {s.get("name"): s for s in ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")}
     cpu = suites["cpu"]
     assert (cpu.get("tests"), cpu.get("failures"), cpu.get("errors"), cpu.get("skipped")) == ("4", "1", "1", "1")
-    # one test case per clause: BASE-01 failed, the others are outside the selection (skipped)
+    # one test case per clause: CANCEL-04 failed, the others are outside the selection (skipped)
     clauses = suites["cpu.clauses"]
     assert int(clauses.get("tests")) == len(registry.clauses())
     assert (clauses.get("failures"), clauses.get("errors")) == ("1", "0")
-    assert clauses.find("testcase[@name='BASE-01']/failure") is not None
+    assert clauses.find("testcase[@name='CANCEL-04']/failure") is not None
     assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()))
     report = (tmp_path / "report.md").read_text()
     assert "| cpu | available | **not certified** |" in report and "### cpu: b (fail)" in report
@@ -235,12 +254,12 @@ def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_pat
     """Certified: every clause's defects caught somewhere, some of them surviving other cases (as in
     any real run: a defect is written for one path) -> no failure and no error in any suite. One
     defect escaping every check -> exactly its clause is red, with the defect named."""
-    cs = [*proven("a", "BASE-01"), *proven("b", "BASE-02")]
-    cs += [case("c", ["BASE-01", "BASE-02"], "pass")]
-    cs += [case("c", ["BASE-01", "BASE-02"], "caught", defect=d) for d in registry.defects_of("BASE-02")]
-    cs += [case("c", ["BASE-01", "BASE-02"], "survived", defect=d) for d in registry.defects_of("BASE-01")[1:]]
-    cs += [case("c", ["BASE-01", "BASE-02"], "caught", defect=registry.defects_of("BASE-01")[0])]
-    green = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, cs, ["BASE-01", "BASE-02"])
+    cs = [*proven("a", "CANCEL-04"), *proven("b", "BASE-02")]
+    cs += [case("c", ["CANCEL-04", "BASE-02"], "pass")]
+    cs += [case("c", ["CANCEL-04", "BASE-02"], "caught", defect=d) for d in registry.defects_of("BASE-02")]
+    cs += [case("c", ["CANCEL-04", "BASE-02"], "survived", defect=d) for d in registry.defects_of("CANCEL-04")[1:]]
+    cs += [case("c", ["CANCEL-04", "BASE-02"], "caught", defect=registry.defects_of("CANCEL-04")[0])]
+    green = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, cs, ["CANCEL-04", "BASE-02"])
     assert green["verdict"]["cpu"] == "certified"
     results.write_all(green, tmp_path / "green")
     counts = _dashboard(tmp_path / "green" / "junit.xml")
@@ -249,7 +268,7 @@ def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_pat
     escaped = registry.defects_of("BASE-02")[0]
     red_cases = [c for c in cs if not (c["defect"] == escaped and c["outcome"] == "caught")]
     red_cases += [case(n, ["BASE-02"], "survived", defect=escaped) for n in ("b", "c")]
-    red = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, red_cases, ["BASE-01", "BASE-02"])
+    red = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, red_cases, ["CANCEL-04", "BASE-02"])
     results.write_all(red, tmp_path / "red")
     counts = _dashboard(tmp_path / "red" / "junit.xml")
     assert counts == {"cpu.clauses": (1, 0, ["BASE-02"]), "cpu": (0, 0, [])}, counts
@@ -277,10 +296,10 @@ def test_each_bound_is_shown_beside_what_intact_runs_and_seeded_defects_measured
         return c | {"bounds": [record | ({"reason": reason} if reason else {})]}
 
     cs = [
-        held(case("a", ["BASE-01"], "pass"), "tight", 2e-7, 1e-6),
-        held(case("a", ["BASE-01"], "pass", "rpc"), "tight", 0.0, 1e-6),
-        held(case("a", ["BASE-01"], "caught", defect="BASE-01"), "tight", 3e-2, 1e-6),
-        held(case("a", ["BASE-01"], "caught", defect="BASE-01.eval-period"), "tight", 5e-7, 1e-6),  # within: not it
+        held(case("a", ["CANCEL-04"], "pass"), "tight", 2e-7, 1e-6),
+        held(case("a", ["CANCEL-04"], "pass", "rpc"), "tight", 0.0, 1e-6),
+        held(case("a", ["CANCEL-04"], "caught", defect="CANCEL-04"), "tight", 3e-2, 1e-6),
+        held(case("a", ["CANCEL-04"], "caught", defect="CANCEL-04.exception"), "tight", 5e-7, 1e-6),  # within: not it
         held(case("b", ["BASE-02"], "pass"), "explained", 0.0, 1e-5, reason="sized for a GPU"),
     ]
     table = {b["bound"]: b for b in results.bound_table(cs)}
@@ -289,14 +308,14 @@ def test_each_bound_is_shown_beside_what_intact_runs_and_seeded_defects_measured
         "reason": "",
         "limit": {"cpu": 1e-6, "rpc": 1e-6},
         "intact": {"cpu": 2e-7, "rpc": 0.0},
-        "defects": {"BASE-01": 3e-2},
+        "defects": {"CANCEL-04": 3e-2},
         "unexplained": ["rpc"],
     }
     assert table["explained"]["unexplained"] == []
     # a limit for the CPU's kernels (CPU and RPC) tighter than a GPU's
     b = evidence.Bound("b", 1e-3, cpu=1e-6)
     assert (b.on("cpu"), b.on("rpc"), b.on("vulkan")) == (1e-6, 1e-6, 1e-3)
-    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "rpc": AVAILABLE}, cs, ["BASE-01", "BASE-02"])
+    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "rpc": AVAILABLE}, cs, ["CANCEL-04", "BASE-02"])
     assert res["bounds"] == results.bound_table(cs)
     report = markdown.report(res)
-    assert "| tight | cpu 1e-06; rpc 1e-06 | cpu 2e-07; rpc 0 | BASE-01 0.03 | NONE, yet wide on rpc |" in report
+    assert "| tight | cpu 1e-06; rpc 1e-06 | cpu 2e-07; rpc 0 | CANCEL-04 0.03 | NONE, yet wide on rpc |" in report
