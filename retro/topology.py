@@ -105,13 +105,19 @@ def require_gate(package: str | os.PathLike[str] | None, backends: list[str]) ->
     }
     missing = []
     if not _checks.seeded("TOPO-07"):  # seeded defect: a package of any build is taken as this one's
-        missing += [
-            f"shard of another build ({key} {shard.get(key)}, this build {value})"
-            for shard in package_json["shards"]
-            for key, value in mine.items()
-            if shard.get(key) != value
-        ]
-    decision = _gate.decide(package_json, backends, seeded=_checks.seeded)
+        for shard in package_json["shards"]:
+            named = dict(mine)
+            if _checks.seeded("TOPO-07.unnamed"):  # seeded defect: a shard that names no build passes
+                named = {key: value for key, value in mine.items() if key in shard}
+            missing += [
+                f"shard of another build ({key} {shard.get(key)}, this build {value})"
+                for key, value in named.items()
+                if shard.get(key) != value
+            ]
+    targets: list[str] | None = backends
+    if _checks.seeded("TOPO-07.backends"):
+        targets = None  # seeded defect: decided for the package's backends, not the model's
+    decision = _gate.decide(package_json, targets, seeded=_checks.seeded)
     missing += decision["missing"]
     if missing:
         shown = "; ".join(missing[:6]) + (f"; and {len(missing) - 6} more" if len(missing) > 6 else "")

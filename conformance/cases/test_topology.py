@@ -430,10 +430,19 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
         assert not grown, f"live contexts and buffers grew after the first period: {grown[:3]} (first {period})"
 
 
-def _package(tmp_path, backend, *, series: str | None = None, failing: tuple[str, ...] = ()):
+def _package(
+    tmp_path,
+    backend,
+    *,
+    series: str | None = None,
+    failing: tuple[str, ...] = (),
+    unnamed: str | None = None,
+    other: str | None = None,
+):
     """A results package of this build whose gate enables the cache for `backend` (every gated clause
     passing, the rebuild 95 % removed), or refuses it (the clauses `failing` fail on `backend`), or
-    comes from another patch series."""
+    comes from another patch series, or names no build for the run field `unnamed`; `other` adds a
+    backend the model does not run on, whose gate refuses (TOPO-05 fails there)."""
     info = retro.build_info()
     run = {
         "start_time": "2026-01-01T00:00:00+00:00",
@@ -441,7 +450,9 @@ def _package(tmp_path, backend, *, series: str | None = None, failing: tuple[str
         "llama_cpp": info["llama_cpp_commit"],
         "patch_series_sha256": series or info["patch_series_sha256"],
     }
-    names = sorted({"cpu", backend.name})
+    if unnamed:
+        del run[unnamed]
+    names = sorted({"cpu", backend.name} | ({other} if other else set()))
     cases = [
         {
             "id": f"rebuild-{name}-{cache}",
@@ -478,9 +489,11 @@ def _package(tmp_path, backend, *, series: str | None = None, failing: tuple[str
     }
     for clause in failing:
         res["clauses"][clause][backend.name] = "fail"
+    if other:
+        res["clauses"]["TOPO-05"][other] = "fail"
     res["gates"] = {gate.NAME: gate.decide(res)}
     res["digest"] = results.digest(res)
-    folder = tmp_path / f"package-{series or 'this'}-{len(failing)}"
+    folder = tmp_path / f"package-{series or 'this'}-{len(failing)}-{unnamed or ''}-{other or ''}"
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps(res), encoding="utf-8")
     return folder
@@ -498,8 +511,13 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
     enabling = _package(tmp_path, backend)
     refusing = _package(tmp_path, backend, failing=("TOPO-05",))
     foreign = _package(tmp_path, backend, series="0" * 64)
+    unnamed = [_package(tmp_path, backend, unnamed=key) for key in ("retro", "llama_cpp", "patch_series_sha256")]
+    # a backend the model does not run on refuses: the model's own backends decide
+    beside = _package(tmp_path, backend, other="vulkan" if backend.name == "cuda" else "cuda")
     with support.load(backend, model_path) as model, support.context(model) as ctx:
-        for package, why in ((None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")):
+        refused = [(None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")]
+        refused += [(package, "another build") for package in unnamed]  # a shard that names no build
+        for package, why in refused:
             with bound("TOPO-07"), pytest.raises(retro.TopologyGateError, match=why):
                 retro.Trainer(ctx, topology_cache=True, topology_gate=package)
         # the error names what is missing, the whole of it: each missing piece of evidence, the
@@ -518,11 +536,18 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
                 str(refused.value).endswith(f"by {package / 'results.json'}: " + "; ".join(shown)),
                 f"{len(missing['missing'])} missing, the error says: {refused.value}",
             )
-        with retro.Trainer(ctx, topology_cache=True, topology_gate=enabling) as tr:
-            expect("TOPO-07", tr.topology_cache.enabled, "an enabling gate left the cache off")
+        for package in (enabling, beside):
+            try:
+                with retro.Trainer(ctx, topology_cache=True, topology_gate=package) as tr:
+                    enabled, why = tr.topology_cache.enabled, "the cache is off"
+            except retro.TopologyGateError as refused:
+                enabled, why = False, str(refused)
+            expect("TOPO-07", enabled, f"a gate that enables the model's backends was refused ({package.name}): {why}")
         with fi.ungated_topology_cache(), retro.Trainer(ctx, topology_cache=True) as tr:
             expect("TOPO-07", tr.topology_cache.enabled, "the test door's waiver left the cache off")
-        # the waiver ends with its block: the API is gated again
+        # the waiver ends with its block, however the block ends: the API is gated again
+        with pytest.raises(KeyboardInterrupt), fi.ungated_topology_cache():
+            raise KeyboardInterrupt
         with bound("TOPO-07"), pytest.raises(retro.TopologyGateError):
             retro.Trainer(ctx, topology_cache=True)
         with retro.Trainer(ctx) as tr:
