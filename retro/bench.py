@@ -158,8 +158,11 @@ def rebuild_cost(
             for cache in ("off", "on"):
                 # the cache without a gate package: this measurement is part of the gate's evidence
                 _checks.waive_topology_gate(cache == "on")
-                with retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4), topology_cache=cache == "on") as tr:
+                try:
+                    trainer = retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4), topology_cache=cache == "on")
+                finally:
                     _checks.waive_topology_gate(False)
+                with trainer as tr:
                     tr.epoch(ds)  # the first epoch builds (a miss) and warms up
                     metrics = tr.epoch(ds)
                 if rep:

@@ -515,9 +515,9 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
     # a backend the model does not run on refuses: the model's own backends decide
     beside = _package(tmp_path, backend, other="vulkan" if backend.name == "cuda" else "cuda")
     with support.load(backend, model_path) as model, support.context(model) as ctx:
-        refused = [(None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")]
-        refused += [(package, "another build") for package in unnamed]  # a shard that names no build
-        for package, why in refused:
+        refusals = [(None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")]
+        refusals += [(package, "another build") for package in unnamed]  # a shard that names no build
+        for package, why in refusals:
             with bound("TOPO-07"), pytest.raises(retro.TopologyGateError, match=why):
                 retro.Trainer(ctx, topology_cache=True, topology_gate=package)
         # the error names what is missing, the whole of it: each missing piece of evidence, the
@@ -540,8 +540,8 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
             try:
                 with retro.Trainer(ctx, topology_cache=True, topology_gate=package) as tr:
                     enabled, why = tr.topology_cache.enabled, "the cache is off"
-            except retro.TopologyGateError as refused:
-                enabled, why = False, str(refused)
+            except retro.TopologyGateError as err:
+                enabled, why = False, str(err)
             expect("TOPO-07", enabled, f"a gate that enables the model's backends was refused ({package.name}): {why}")
         with fi.ungated_topology_cache(), retro.Trainer(ctx, topology_cache=True) as tr:
             expect("TOPO-07", tr.topology_cache.enabled, "the test door's waiver left the cache off")
