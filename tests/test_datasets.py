@@ -151,3 +151,21 @@ def test_upstreams_loop_refuses_weighted_targets(model_path):
         with retro.Trainer(c, optimizer=retro.SGD(lr=0.1)) as tr:
             with pytest.raises(TypeError, match="one unweighted label per token"):
                 upstream_epoch(tr, _weighted(1))
+
+
+def test_upstreams_loop_refuses_an_id_past_the_vocabulary_before_anything_native(model_path):
+    """llama_opt_epoch asserts on a label id >= n_vocab: the oracle's entry point refuses it typed."""
+    from retro.testing import upstream_epoch
+
+    bad = dataset(1)
+    labels = bad.labels.copy()
+    labels[0, 5] = 512  # the tiny model's vocabulary is 512
+    with (
+        retro.Model.load(model_path, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=256, n_batch=256, n_ubatch=64) as c,
+        retro.Trainer(c, optimizer=retro.SGD(lr=0.1)) as tr,
+    ):
+        before = tr.iteration
+        with pytest.raises(ValueError, match=r"dataset\.labels"):
+            upstream_epoch(tr, retro.TokenDataset(bad.tokens, labels))
+        assert tr.iteration == before and upstream_epoch(tr, bad).optimizer_steps == 256 // 64

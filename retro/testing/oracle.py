@@ -28,5 +28,7 @@ def upstream_epoch(trainer: Trainer, dataset: TokenDataset, *, val_fraction: flo
             f"upstream's loop needs windows of n_ctx ({n_ctx}) == the model's n_ctx_train "
             f"({n_ctx_train}) tokens, got {dataset.width}"
         )
+    # upstream's loop asserts on an id past the vocabulary: a typed error here, before anything native
+    dataset._check_ids(trainer.context.model.n_vocab)
     m = trainer._h.upstream_epoch(dataset.tokens, dataset.labels, n_train)
     return EpochMetrics._from_native(m)
