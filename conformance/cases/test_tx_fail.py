@@ -24,6 +24,7 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import bound, expect
+from retro.testing import scheduler_data_phase_entries
 from retro.transactions import Profile, TensorTransactions, Transaction
 
 
@@ -65,11 +66,21 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
 def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded, failure):
     """A failure in the first of 3 micro-batches, at the first of two selected nodes: the handler
     raises there, or the node's layout fails verification (a profile that records it as i32, as a
-    stale one would) before the handler sees it. The handler is never called again, yet every
-    node of every micro-batch was computed (llama.cpp's sequence state equals an untouched
-    decode's) and the tokens stay in the cache; and so do a failed generation's."""
+    stale one would) before the handler sees it. The handler is never called again, and the
+    scheduler never again enters the data phase (its own count, patch 0054: every later ask
+    answered false), yet every node of every micro-batch was computed (llama.cpp's sequence state
+    equals an untouched decode's) and the tokens stay in the cache; and so do a failed
+    generation's."""
     model, profile = loaded
     untouched = plain_state(model, TOKENS)
+    # the count's control: a decode that never fails enters the data phase once per selected node
+    # and micro-batch (two nodes, three micro-batches)
+    sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
+    with tx_context(model, profile, sel, raise_at(-1)[0]) as ctx:
+        before = scheduler_data_phase_entries()
+        ctx.decode(TOKENS)
+        entered = scheduler_data_phase_entries() - before
+        expect("TX-FAIL-03", entered == 6, f"an untouched decode entered the data phase {entered} times, not 2 x 3")
     if failure == "layout":
         profile = foreign_profile(profile, "attn_norm-0", dtype="i32")
         handler, calls = raise_at(-1)
@@ -77,11 +88,14 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
         handler, calls = raise_at(0)
     sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
     with tx_context(model, profile, sel, handler) as ctx:
+        before = scheduler_data_phase_entries()
         with pytest.raises(retro.TensorCallbackError) as err:
             ctx.decode(TOKENS)
+        entered = scheduler_data_phase_entries() - before
         expect("TX-FAIL-03", err.value.failure.kind == failure, f"failed as {err.value.failure}")
         called = 1 if failure == "handler" else 0
         expect("TX-FAIL-03", len(calls) == called, f"{failure}: the handler was called {len(calls)} times")
+        expect("TX-FAIL-03", entered == 1, f"{failure}: the scheduler entered the data phase {entered} times, not once")
         expect("TX-FAIL-02", ctx.sequence_state() == untouched, "the rest of the graph was not computed")
         expect("TX-FAIL-05", ctx.sequence_length == len(TOKENS), f"{ctx.sequence_length} positions after the failure")
         expect("TX-FAIL-05", ctx.n_past == len(TOKENS), f"n_past {ctx.n_past} after the failure")
@@ -90,8 +104,17 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
     # and n_past follows llama.cpp's record of them
     handler, calls = raise_at(-1) if failure == "layout" else raise_at(2)
     with tx_context(model, profile, [profile.select("attn_norm-0")], handler) as ctx:
+        before = scheduler_data_phase_entries()
         with pytest.raises(retro.TensorCallbackError):
             ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+        entered = scheduler_data_phase_entries() - before
+        # one entry per handler call, and the failing node's own on a layout failure
+        asked = len(calls) + (failure == "layout")
+        expect(
+            "TX-FAIL-03",
+            entered == asked,
+            f"a failed generation ({failure}) entered the data phase {entered} times, not {asked}",
+        )
         decoded = 3 + max(len(calls) - 1, 0)  # the prompt, then one token per later call
         expect(
             "TX-FAIL-05",

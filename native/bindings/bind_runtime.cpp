@@ -52,6 +52,8 @@ void bind_runtime(py::module_ & m) {
     m.def("build_info", []() { return std::string(RETRO_BUILD_INFO); });
     // (ggml contexts, backend buffers) alive in the process, counted where ggml makes and frees them
     m.def("live_allocations", []() { return py::make_tuple(ggml_live_contexts(), ggml_backend_live_buffers()); });
+    // times any scheduler entered its eval callback's data phase, counted where the fork calls it
+    m.def("scheduler_data_phase_entries", []() { return ggml_backend_sched_eval_data_calls(); });
     m.def("calls_in_flight", []() { return InFlight::count().load(); });
     // the thread governor's reading of the runnable tasks that are not this process's threads
     m.def("runnable_elsewhere", &runnable_elsewhere);

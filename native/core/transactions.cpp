@@ -362,7 +362,8 @@ bool Transactions::data(ggml_tensor * t) {
 bool Transactions::eval_callback(ggml_tensor * t, bool ask_phase, void * user_data) {
     auto * self = static_cast<Transactions *>(user_data);
     if (ask_phase) {
-        const bool need = self->ask(t);
+        // seeded defect TX-FAIL-03.ask: after a failure every node is asked for (the data phase ignores it)
+        const bool need = self->ask(t) || (defect(RETRO_DEFECT_TX_FAIL_03_ASK) && self->failed());
         if (need && defect(RETRO_DEFECT_TX_ACC_01)) {  // seeded defect: data taken in the ask phase
             self->data(t);
             return false;

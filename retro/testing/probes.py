@@ -62,6 +62,15 @@ def live_allocations() -> LiveAllocations:
     return LiveAllocations(int(contexts), int(buffers))
 
 
+def scheduler_data_phase_entries() -> int:
+    """The times any ggml scheduler in the process entered its eval callback's data phase, counted
+    by the fork where the scheduler makes the call (patch 0054). Each entry follows an ask-phase
+    answer of true and a synchronization of the backend: read around a decode, it shows which
+    nodes the tensor transactions asked for, which their own handler cannot show once it is no
+    longer called."""
+    return int(_native.scheduler_data_phase_entries())
+
+
 def runnable_elsewhere() -> int:
     """The runnable tasks on the machine that are not threads of this process, as the CPU thread
     governor reads them before each compute of a load-following context (one thread given up for
