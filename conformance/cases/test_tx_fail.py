@@ -160,7 +160,8 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
     runs nothing and calls no handler: a decode, a plain generation, a speculative one (the
     draft's context has no transactions; the target's failed; it starts on empty sequences, so
     after a reset), and a decode after reset(), which clears the sequence but not the context's
-    failure. Stickiness is the context's, whatever the failure's kind."""
+    failure. Stickiness is the context's, whatever the failure's kind, and reading the stored
+    failure (Context.transaction_failure) leaves it stored."""
     model, profile = loaded
     if failure == "layout":
         profile = foreign_profile(profile, "l_out-0", dtype="i32")
@@ -171,6 +172,12 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
         with pytest.raises(retro.TensorCallbackError) as err:
             ctx.decode(TOKENS)
         first = err.value.failure
+        seen = ctx.transaction_failure
+        expect(
+            "TX-FAIL-06",
+            seen is not None and (seen.kind, seen.message) == (first.kind, first.message),
+            f"after a {failure} failure the context stores {seen!r}",
+        )
         if then in ("reset", "speculative"):
             ctx.reset()
         length = ctx.sequence_length

@@ -211,7 +211,11 @@ std::optional<tx::Failure> transaction_failure(Context & c) {
     if (!c.transactions || !c.transactions->failed()) {
         return std::nullopt;
     }
-    return c.transactions->failure();
+    tx::Failure failure = c.transactions->failure();
+    if (retro_defect_on(RETRO_DEFECT_TX_FAIL_06_READ)) {
+        c.transactions->forget_failure();  // seeded defect: reading the failure takes it away
+    }
+    return failure;
 }
 
 std::string sequence_state(Context & c) {

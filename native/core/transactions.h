@@ -107,7 +107,7 @@ public:
     void submit(Batch batch);  // before each llama_decode retro makes
 
     bool failed() const { return failure_.has_value(); }
-    void forget_failure() { failure_.reset(); }  // only the seeded defect TX-FAIL-06.reset calls it
+    void forget_failure() { failure_.reset(); }  // only seeded defects (TX-FAIL-06.reset, .read) call it
     const Failure & failure() const { return *failure_; }
     bool last_refused() const { return refused_; }  // the last decode was refused by the limit
     bool last_ran() const { return ran_; }          // the last decode got past its begin hook
