@@ -179,7 +179,9 @@ class Context(NativeHandle):
             raise ValueError(f"the prompt must have 1 to n_batch={self.n_batch} tokens")
         # seeded defect: an off-by-one bound lets a generation one position past the context start
         room = self.n_ctx + 1 if _checks.seeded("SHAPE-02.n-ctx") else self.n_ctx
-        if self.n_past + ids.size + max_new > room:
+        # seeded defect SHAPE-02.room: the prompt counted once per token asked for
+        wanted = ids.size * max_new if _checks.seeded("SHAPE-02.room") else ids.size + max_new
+        if self.n_past + wanted > room:
             raise ValueError(f"{self.n_past} + {ids.size} + {max_new} tokens exceed n_ctx={self.n_ctx}")
         if draft is not None:
             if not isinstance(draft, Context) or draft is self:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import retro
 import retro.fault_injection as fi
 from retro.conformance import support
-from retro.conformance.evidence import expect, on_path
+from retro.conformance.evidence import bound, expect, on_path
 
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 TYPED = (ValueError, TypeError, OverflowError)
@@ -330,7 +330,8 @@ def _check_token_counts(model: retro.Model) -> None:
     """The token counts a decode or a generation hands to llama.cpp (its batch, the positions it
     fills, the tokens it may generate and draft) are bounded by the context before anything
     native: each bound met alone is a typed error naming it, and the sequences are left as they
-    were. At the bound itself the call runs: a decode that fills the context exactly."""
+    were. At the bound itself the call runs: a decode, and a generation after a decode, each
+    filling the context exactly."""
     with support.context(model, n_ctx=256) as ctx, support.context(model, n_ctx=256) as other:
         ctx.decode(np.arange(8, dtype=np.int32))
         tokens = np.arange(4, dtype=np.int32)
@@ -398,3 +399,9 @@ def _check_token_counts(model: retro.Model) -> None:
         ctx.decode(np.arange(248, dtype=np.int32))
         ctx.decode(np.arange(8, dtype=np.int32))  # the context filled exactly
         expect("SHAPE-02", ctx.sequence_length == 256, f"a decode to n_ctx left {ctx.sequence_length} positions")
+        # 8 decoded, a prompt of 4 and 244 to generate: 256 positions, the context's own count
+        ctx.reset()
+        ctx.decode(np.arange(8, dtype=np.int32))
+        with bound("SHAPE-02"):
+            made = ctx.generate(tokens, 244, stop_at_eog=False)
+        expect("SHAPE-02", len(made.tokens) == 244, f"a generation to n_ctx made {len(made.tokens)} tokens")
