@@ -22,6 +22,20 @@ from . import registry
 KNOWN = tuple(BACKENDS.values())
 #: comma-separated host:port of the RPC servers a certification child connects to
 RPC_SERVERS_ENV = "RETRO_CONFORMANCE_RPC_SERVERS"
+#: how those servers' CPU computes F32 matrix products (retro.rpc.NUMERICS): "gpu-like" certifies
+#: the RPC backend as a GPU, its bounds those of a GPU's kernels (certify --numerics)
+RPC_NUMERICS_ENV = "RETRO_CONFORMANCE_RPC_NUMERICS"
+
+
+def rpc_numerics() -> str:
+    """The numerics of this run's RPC servers; a server a check starts for itself computes alike."""
+    return os.environ.get(RPC_NUMERICS_ENV, "cpu")
+
+
+def cpu_numerics(name: str) -> bool:
+    """Whether backend `name` computes with the CPU's own kernels and numerics: the CPU, and the
+    RPC backend (whose server is ggml's CPU backend) unless its servers compute like a GPU."""
+    return name == "cpu" or (name == "rpc" and rpc_numerics() == "cpu")
 
 
 @dataclass(frozen=True)

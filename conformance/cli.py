@@ -244,6 +244,7 @@ def run_info(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "selection": args.clauses or "all",
         "seeded_defects": not args.no_defects,
+        **({"numerics": {"rpc": args.numerics}} if args.numerics != "cpu" else {}),
         **({"partial": _partial(args)} if args.keyword or args.exitfirst else {}),
         "command": " ".join(["retro-conformance", *sys.argv[1:]]),
     }
@@ -267,6 +268,8 @@ def certify(args: argparse.Namespace) -> int:
             "build): certification needs them to prove each check can fail; certify a default build"
         )
     requested = backends_mod.parse_selection(args.backend)
+    if args.numerics != "cpu" and "rpc" not in requested:
+        raise ValueError(f"--numerics {args.numerics} is how the RPC servers compute: certify --backend rpc with it")
     prefixes = registry.prefixes(args.clauses)
     clause_ids = registry.select(prefixes)
     if not clause_ids:
@@ -281,10 +284,14 @@ def certify(args: argparse.Namespace) -> int:
             # one per worker (a server serves one client at a time)
             from retro.rpc import Server
 
-            servers = [stack.enter_context(Server(threads=args.threads)).endpoint for _ in range(jobs)]
+            servers = [
+                stack.enter_context(Server(threads=args.threads, numerics=args.numerics)).endpoint for _ in range(jobs)
+            ]
 
         def env_of(name: str, worker: int) -> dict[str, str]:
-            return {backends_mod.RPC_SERVERS_ENV: servers[worker]} if name == "rpc" and servers else {}
+            if name != "rpc" or not servers:
+                return {}
+            return {backends_mod.RPC_SERVERS_ENV: servers[worker], backends_mod.RPC_NUMERICS_ENV: args.numerics}
 
         found = backends_mod.discover_isolated({**os.environ, **env_of("rpc", 0)})
         runnable = []
@@ -519,6 +526,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="CPU threads of every check and RPC server (default 1); fixed, so that -j changes no result",
+    )
+    c.add_argument(
+        "--numerics",
+        choices=("cpu", "gpu-like"),
+        default="cpu",
+        help="how the RPC servers' CPU computes F32 matrix products: upstream's (default), or as a GPU does "
+        "(TF32 inputs, a warp's summation order): the RPC backend is then held to a GPU's bounds, proving "
+        "them without a GPU",
     )
     c.add_argument(
         "--case-timeout",

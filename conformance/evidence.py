@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from . import registry
+from . import backends, registry
 
 
 class ClauseViolation(AssertionError):
@@ -109,8 +109,6 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
 
 #: a bound this many times wider than the largest error an intact run measures needs a reason
 WIDE = 10.0
-#: the backends that compute with the CPU's own kernels (the RPC server is ggml's CPU backend)
-CPU_KERNELS = ("cpu", "rpc")
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ class Bound:
     it by its name and shows its limit beside the largest error an intact run measured on each
     backend and the smallest error of a seeded defect that crossed it (results.bound_table). Where
     the CPU's numerics allow a tighter limit than other kernels' (a GPU's reorder float sums), `cpu`
-    is that limit, on every backend of CPU_KERNELS. A limit more than WIDE times what an intact run
+    is that limit, on every backend that computes with them (backends.cpu_numerics). A limit more than WIDE times what an intact run
     measures says why in `reason`."""
 
     name: str
@@ -128,7 +126,7 @@ class Bound:
     reason: str = ""
 
     def on(self, backend: str) -> float:
-        return self.cpu if backend in CPU_KERNELS and self.cpu is not None else self.limit
+        return self.cpu if backends.cpu_numerics(backend) and self.cpu is not None else self.limit
 
 
 def within(clause: str, bound: Bound, observation: str, error: float, what: str = "error") -> None:

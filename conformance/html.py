@@ -87,6 +87,8 @@ def run_facts(results: dict) -> list[tuple[str, str]]:
             facts += [(f"{where}{k}", str(shard[k])) for k in ("python", "platform", "selection") if k in shard]
         if shard.get("build_config"):
             facts.append((f"{where}build", ", ".join(f"{k}={v}" for k, v in shard["build_config"].items())))
+        if shard.get("numerics"):
+            facts.append((f"{where}numerics", ", ".join(f"{k} {v}" for k, v in shard["numerics"].items())))
         if shard.get("warm_up_s"):
             facts.append((f"{where}warm-up", ", ".join(f"{k} {v:g} s" for k, v in shard["warm_up_s"].items())))
     for name, b in results["backends"].items():

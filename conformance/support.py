@@ -25,7 +25,10 @@ from .backends import Backend
 
 #: the reason of a bound that a comparison with the CPU never comes near off a GPU: the RPC
 #: server runs the CPU's own kernels (its error is the CPU's, about 0); the limit is a GPU's
-GPU_KERNELS = "sized for a GPU's kernels, which reorder float sums; the RPC server runs the CPU's own (about 0)"
+GPU_KERNELS = (
+    "sized for a GPU's kernels, which may round F32 products' inputs to TF32 and reorder float sums "
+    "(proved on an RPC server computing so, certify --numerics gpu-like); the CPU's own measure about 0"
+)
 # relative and absolute tolerance off the CPU (bitwise there), as numpy's allclose reads them: the
 # bound is on |actual - expected| / (atol + rtol |expected|), the largest over the elements
 GPU_RTOL, GPU_ATOL = 1e-4, 1e-6

@@ -66,6 +66,20 @@ def connect(endpoint: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> list[De
     return [d for d in devices() if d.backend == "RPC" and d.description == endpoint]
 
 
+#: how a server's CPU computes F32 matrix products: as upstream, or as a GPU does (TF32 inputs, a
+#: warp's summation order; a test hook of the fork, absent from a release build), so that a check's
+#: bounds can be proved against a GPU's numerics where no GPU is
+NUMERICS = ("cpu", "gpu-like")
+
+
+def _numerics(numerics: str) -> str:
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    if numerics != "cpu" and not _native.hooks.seeded_defects:
+        raise ValueError(f"numerics {numerics!r} is a test hook, and this build has none (RETRO_SEEDED_DEFECTS=OFF)")
+    return numerics
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -84,9 +98,12 @@ def _mapped_bytes(pid: int) -> int:
 class Server:
     """An RPC server in a child process on 127.0.0.1, serving that process's CPU."""
 
-    def __init__(self, *, port: int | None = None, threads: int = 1, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, *, port: int | None = None, threads: int = 1, start_timeout_s: float = 60.0, numerics: str = "cpu"
+    ) -> None:
         self.port = free_port() if port is None else _checks.integer("port", port, minimum=1, maximum=65535)
         self.threads = _checks.integer("threads", threads, minimum=1, maximum=512)
+        self.numerics = _numerics(numerics)
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None  # the server's stderr
@@ -100,7 +117,9 @@ class Server:
             raise RuntimeError("the server is already running")
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs; kill() closes it
         self.process = subprocess.Popen(
-            _child.python("-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads)),
+            _child.python(
+                "-m", "retro.rpc", "--port", str(self.port), "--threads", str(self.threads), "--numerics", self.numerics
+            ),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             # glibc maps every allocation of 128 KiB or more on its own (no threshold that grows
@@ -181,9 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=LOOPBACK)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--numerics", choices=NUMERICS, default="cpu", help="how F32 matrix products are computed")
     args = ap.parse_args(argv)
     endpoint = f"{args.host}:{args.port}"
     parse_endpoint(endpoint)
+    _native.hooks.set_numerics(_numerics(args.numerics))
     _native.rpc_serve(endpoint, _checks.integer("threads", args.threads, minimum=1, maximum=512))
     return 1  # rpc_serve returns only by raising
 

@@ -59,8 +59,13 @@ def test_certify_everything_writes_four_files_and_is_honest_about_what_is_missin
     the backend is not certified while one is left), every intact case passing and every seeded
     defect caught by a check of a clause it names; the backends absent here read not available, and
     keep the topology-cache gate refused for a package that holds them. The package is four files,
-    its results.json valid against the schema and naming the build."""
-    rc, res, log = certify(tmp_path, "--backend", "all", "--gate", "covered")
+    its results.json valid against the schema and naming the build.
+
+    The RPC servers compute like a GPU (--numerics gpu-like: TF32 inputs to F32 products, a warp's
+    summation order), so that every bound is proved against a GPU's numerics with every seeded
+    defect still caught, while the CPU keeps its own bounds: a GPU-like RPC certified is what lets
+    a CUDA or Vulkan device's numerics pass the clauses it honours."""
+    rc, res, log = certify(tmp_path, "--backend", "all", "--gate", "covered", "--numerics", "gpu-like")
     if os.environ.get(SHARD_ENV):  # CI merges this package with its other builds' shards
         shutil.copytree(tmp_path / "out", os.environ[SHARD_ENV], dirs_exist_ok=True)
     available = [n for n, b in res["backends"].items() if b["status"] == "available"]
@@ -80,6 +85,8 @@ def test_certify_everything_writes_four_files_and_is_honest_about_what_is_missin
     assert res["schema"] == 2 and set(res["clauses"]) == set(res["selected"]) == set(registry.clauses())
     for key in ("retro", "llama_cpp", "patch_series_sha256", "python", "platform", "start_time", "seed"):
         assert res["run"][key] != "", key
+    if "rpc" in available:
+        assert res["run"]["numerics"] == {"rpc": "gpu-like"}, res["run"]
     intact = {c["outcome"] for c in res["cases"] if c["defect"] is None and c["backend"] in available}
     assert intact <= {"pass", "not supported"}, intact
     # a defect is caught only by checks of the clauses it may show on

@@ -55,6 +55,12 @@ try:  # the test door's log mirror is a test hook too
     mirror = True
 except ValueError:
     mirror = False
+try:  # so are a GPU's numerics on the CPU (fork patch 0055)
+    hooks.set_numerics("gpu-like")
+    numerics = hooks.numerics() == "gpu-like"
+    hooks.set_numerics("cpu")
+except ValueError:
+    numerics = False
 with retro.Model.load(path, devices=[], trainable=True) as model, retro.Context(model, n_ctx=128) as ctx:
     try:  # the cache without its gate is the test door's too: a release build has the gate alone
         with fi.ungated_topology_cache():
@@ -62,7 +68,7 @@ with retro.Model.load(path, devices=[], trainable=True) as model, retro.Context(
         forced = True
     except ValueError:
         forced = False
-print(json.dumps({"mirror": mirror, "forced": forced, "digest": digest.hexdigest(), "metrics": metrics, "seeded_defects": hooks.seeded_defects,
+print(json.dumps({"mirror": mirror, "forced": forced, "numerics": numerics, "digest": digest.hexdigest(), "metrics": metrics, "seeded_defects": hooks.seeded_defects,
                   "defects": len(hooks.defects()), "info": retro.build_info()["seeded_defects"]}))
 """
 
@@ -89,6 +95,7 @@ def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
     for lib in libraries:
         symbols = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True, check=True).stdout
         assert "retro_defect_" not in symbols, f"{lib.name} still exports or calls a seeded-defect switch"
+        assert "retro_numerics" not in symbols, f"{lib.name} still exports or calls the GPU-numerics switch"
         blob = lib.read_bytes()
         left = [i.decode() for i in dotted if i in blob]
         assert not left, f"{lib.name} still holds seeded-defect IDs: {left[:5]}"
@@ -101,14 +108,15 @@ def test_a_release_build_has_no_switch_and_computes_bitwise_the_same(tmp_path):
     default = _run([sys.executable, "-c", WORKLOAD, str(tmp_path / "d.gguf")], dict(os.environ, **threads), tmp_path)
     assert default.returncode == 0, default.stderr[-3000:]
     got, want = json.loads(release.stdout), json.loads(default.stdout)
-    assert (got["seeded_defects"], got["defects"], got["info"], got["mirror"], got["forced"]) == (
+    assert (got["seeded_defects"], got["defects"], got["info"], got["mirror"], got["forced"], got["numerics"]) == (
         False,
         0,
         False,
         False,
         False,
+        False,
     )
-    assert (want["seeded_defects"], want["info"], want["mirror"], want["forced"]) == (True, True, True, True)
+    assert (want["seeded_defects"], want["info"], want["mirror"], want["forced"], want["numerics"]) == (True,) * 5
     assert want["defects"] == len(ids)
     assert got["metrics"] == want["metrics"]
     assert got["digest"] == want["digest"], "the release build trained other parameters or logits"

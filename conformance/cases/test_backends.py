@@ -134,7 +134,7 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
     (each link carrying its own share of every compute), trained and decoded as on the CPU."""
     if backend.name != "rpc":
         not_supported("a model split over two servers is a topology of the RPC backend")
-    with retro.rpc.Server() as second:
+    with retro.rpc.Server(numerics=backends.rpc_numerics()) as second:
         devices = [*backend.offload_devices, *(d.index for d in retro.rpc.connect(second.endpoint))]
         split = backends.Backend("rpc", True, devices=tuple(d.__dict__ for d in retro.devices() if d.index in devices))
         with support.load(split, model_path, trainable=False) as model:

@@ -302,7 +302,8 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
         if backend.name == "rpc":
             # a server of its own: two threads talking over one link at once (the seeded defect)
             # can send the server commands that stop it, and the run's other checks use the shared one
-            env[backends.RPC_SERVERS_ENV] = stack.enter_context(retro.rpc.Server()).endpoint
+            server = retro.rpc.Server(numerics=backends.rpc_numerics())
+            env[backends.RPC_SERVERS_ENV] = stack.enter_context(server).endpoint
         status, stdout, stderr = _serialized_child(running, model_path, backend.name, defects, env)
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{") and line.endswith("}")]
     pairs = {r["pair"]: r for r in lines if "pair" in r}

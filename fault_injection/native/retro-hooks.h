@@ -65,6 +65,19 @@ RETRO_HOOKS_API bool retro_defect_on(enum retro_defect defect);
 RETRO_HOOKS_API void retro_defect_set(enum retro_defect defect, bool on);
 #endif
 
+// How the CPU backend computes F32 matrix products: as upstream, or as a GPU does (inputs rounded
+// to TF32, products summed in 32 strided lanes and the lanes reduced by halves, as a warp does), so
+// that the suite's bounds can be proved against GPU numerics on a machine without a GPU (an RPC
+// server's CPU, certified with `--numerics gpu-like`). Process-wide; a release build computes as
+// upstream only.
+enum retro_numerics { RETRO_NUMERICS_CPU = 0, RETRO_NUMERICS_GPU_LIKE = 1 };
+#ifdef RETRO_WITHOUT_SEEDED_DEFECTS
+#define retro_numerics() RETRO_NUMERICS_CPU
+#else
+RETRO_HOOKS_API enum retro_numerics retro_numerics(void);
+RETRO_HOOKS_API void retro_numerics_set(enum retro_numerics numerics);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

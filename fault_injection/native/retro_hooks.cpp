@@ -150,4 +150,17 @@ void retro_defect_set(enum retro_defect defect, bool on) {
         g_defects[defect].store(on, std::memory_order_relaxed);
     }
 }
+
+namespace {
+std::atomic<int> g_numerics{RETRO_NUMERICS_CPU};
+}  // namespace
+
+enum retro_numerics retro_numerics(void) {
+    return static_cast<enum retro_numerics>(g_numerics.load(std::memory_order_relaxed));
+}
+
+void retro_numerics_set(enum retro_numerics numerics) {
+    g_numerics.store(numerics == RETRO_NUMERICS_GPU_LIKE ? RETRO_NUMERICS_GPU_LIKE : RETRO_NUMERICS_CPU,
+                     std::memory_order_relaxed);
+}
 #endif

@@ -39,6 +39,14 @@ retro_defect defect_of(const std::string & clause) {
 void mirror_logs(int) {
     throw py::value_error("no log mirror: a test hook, and this build has none (built with RETRO_SEEDED_DEFECTS=OFF)");
 }
+
+void retro_numerics_set(retro_numerics numerics) {
+    if (numerics != RETRO_NUMERICS_CPU) {
+        throw py::value_error(
+                "no GPU-like CPU numerics: a test hook, and this build has none (built with "
+                "RETRO_SEEDED_DEFECTS=OFF)");
+    }
+}
 #else
 constexpr bool k_seeded_defects = true;
 using retro::mirror_logs;
@@ -85,6 +93,17 @@ void bind_hooks(py::module_ & m) {
     hooks.def("stalling", &retro_fault_stalling);
     // every native log line, as it is logged, also to this file descriptor (-1: off)
     hooks.def("mirror_logs", &mirror_logs, py::arg("fd"));
+    // how the CPU backend computes F32 matrix products, process-wide: "cpu" (upstream's) or "gpu-like"
+    hooks.def(
+            "set_numerics",
+            [](const std::string & numerics) {
+                if (numerics != "cpu" && numerics != "gpu-like") {
+                    throw py::value_error("numerics must be 'cpu' or 'gpu-like', got '" + numerics + "'");
+                }
+                retro_numerics_set(numerics == "cpu" ? RETRO_NUMERICS_CPU : RETRO_NUMERICS_GPU_LIKE);
+            },
+            py::arg("numerics"));
+    hooks.def("numerics", []() { return retro_numerics() == RETRO_NUMERICS_CPU ? "cpu" : "gpu-like"; });
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
     hooks.def(
