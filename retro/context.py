@@ -192,7 +192,9 @@ class Context(NativeHandle):
                 raise ValueError("the draft model's vocabulary differs from this model's")
             if self.n_past or draft.n_past:
                 raise ValueError("speculative generation starts on empty sequences: reset() both contexts")
-            if ids.size + max_new + n_draft > min(draft.n_ctx, self.n_ctx) or n_draft + 1 > self.n_batch:
+            # seeded defect SHAPE-02.draft-room: the target's context taken for both
+            both = self.n_ctx if _checks.seeded("SHAPE-02.draft-room") else min(draft.n_ctx, self.n_ctx)
+            if ids.size + max_new + n_draft > both or n_draft + 1 > self.n_batch:
                 raise ValueError("the prompt, max_new and n_draft do not fit both contexts")
         tokens, decodes, drafted, accepted = self._h.generate(
             ids.tolist(), max_new, temperature, seed, stop_at_eog, draft._h if draft else None, n_draft

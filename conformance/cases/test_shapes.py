@@ -396,6 +396,25 @@ def _check_token_counts(model: retro.Model) -> None:
             type(err) is ValueError and "fit both contexts" in str(err),
             f"a speculative generation past both contexts: raised {err!r}",
         )
+        # each context's own bound: a draft smaller than its target, a target smaller than its
+        # draft (llama.cpp pads n_ctx to 256: 512 against 256); at the bound, the generation runs
+        with support.context(model, n_ctx=512) as large:
+            for target, draft, which in ((large, other, "draft"), (other, large, "target")):
+                err = raised(lambda: target.generate(tokens[:1], 252, draft=draft, n_draft=4))
+                expect(
+                    "SHAPE-02",
+                    type(err) is ValueError and "fit both contexts" in str(err),
+                    f"a speculative generation past its {which}'s n_ctx of 256: raised {err!r}",
+                )
+                try:
+                    made = len(target.generate(tokens[:1], 251, draft=draft, n_draft=4, stop_at_eog=False).tokens)
+                except ValueError as refusal:
+                    made, why = 0, f"was refused: {refusal}"
+                else:
+                    why = f"made {made} tokens"
+                expect("SHAPE-02", made == 251, f"a speculative generation filling its {which}'s n_ctx {why}")
+                target.reset()
+                draft.reset()
         ctx.decode(np.arange(248, dtype=np.int32))
         ctx.decode(np.arange(8, dtype=np.int32))  # the context filled exactly
         expect("SHAPE-02", ctx.sequence_length == 256, f"a decode to n_ctx left {ctx.sequence_length} positions")
