@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--numerics",
-        choices=("cpu", "gpu-like"),
+        choices=("cpu", "gpu-like"),  # retro.rpc.NUMERICS, without loading the native module here
         default="cpu",
         help="how the RPC servers' CPU computes F32 matrix products: upstream's (default), or as a GPU does "
         "(TF32 inputs, a warp's summation order): the RPC backend is then held to a GPU's bounds, proving "

@@ -117,8 +117,8 @@ class Bound:
     it by its name and shows its limit beside the largest error an intact run measured on each
     backend and the smallest error of a seeded defect that crossed it (results.bound_table). Where
     the CPU's numerics allow a tighter limit than other kernels' (a GPU's reorder float sums), `cpu`
-    is that limit, on every backend that computes with them (backends.cpu_numerics). A limit more than WIDE times what an intact run
-    measures says why in `reason`."""
+    is that limit, on every backend that computes with them (backends.cpu_numerics). A limit more
+    than WIDE times what an intact run measures says why in `reason`."""
 
     name: str
     limit: float
