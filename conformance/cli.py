@@ -7,8 +7,10 @@
   retro-conformance diff OLD_DIR NEW_DIR [--markdown FILE]
   retro-conformance clauses
 
-certify exits 0 when every requested backend that is available is certified, 1 when one is not
-(or none is available), 2 on an error of the harness itself. gate exits 0 when the gate enables,
+certify and merge exit 0 when every requested backend that is available is certified (every clause
+of the registry passes there), 3 when a selection of clauses (--clauses, or shards that together
+hold less than the registry) passed on each and so certified nothing, 1 when a backend is not
+certified (or none is available), 2 on an error of the harness itself. gate exits 0 when the gate enables,
 1 when it refuses. diff exits 1 when a clause or case regressed from OLD to NEW.
 """
 
@@ -323,7 +325,7 @@ def certify(args: argparse.Namespace) -> int:
         listed = runnable  # seeded defect: a backend asked for and absent drops out of the package
     res = results.aggregate(run, {n: found[n].to_json() for n in listed}, cases, clause_ids, expectations)
     results.write_all(res, args.out)
-    return _summarize(res, args.out, args.gate)
+    return _summarize(res, args.out)
 
 
 def deal(nodeids: list[str], workers: int) -> list[list[str]]:
@@ -364,12 +366,6 @@ def _run_all(
     return cases
 
 
-#: what a clause some check cites may read under --gate covered: a clause no check cites yet, or
-#: one whose implemented part passes (outcomes.PARTLY_IMPLEMENTED), reads "not covered" and does not
-#: fail that gate; either still keeps the verdict at "not certified"
-COVERED_OK = ("pass", "expected failure", "not supported")
-
-
 #: the lines that say why a backend is not certified, before the rest is left to report.md
 WHY_SHOWN = 10
 
@@ -392,50 +388,42 @@ def _why_not_certified(res: dict, name: str, limit: int = WHY_SHOWN) -> list[str
     return lines
 
 
-def _summarize(res: dict, out: Path, gate: str = "certified") -> int:
+def _summarize(res: dict, out: Path) -> int:
+    """The verdict per backend on the console, with why a backend is not certified; the exit code
+    of the run (outcomes.EXIT_*): a selection that passed has its own, never a certification's."""
     for name, verdict in res["verdict"].items():
         row = [res["clauses"][c][name] for c in res["selected"]]
         counts = ", ".join(f"{row.count(s)} {s}" for s in dict.fromkeys(row))
-        print(f"{name}: {verdict} ({counts})")
+        detail = outcomes.verdict_text(res, name) if verdict != "not available" else ""
+        print(f"{name}: {verdict} ({counts})" + (f": {detail}" if detail else ""))
         if verdict == "not certified":
             print("\n".join(_why_not_certified(res, name)))
     for decision in res.get("gates", {}).values():
         print("\n".join(gates.summary(decision)))
     print(f"wrote {out / 'results.json'}, {out / 'junit.xml'}, {out / 'report.md'}, {out / 'report.html'}")
-    available = [n for n, v in res["verdict"].items() if v != "not available"]
+    return exit_code(res["verdict"])
+
+
+def exit_code(verdicts: dict[str, str]) -> int:
+    """0 when every requested backend that is available is certified; 3 when each passed the
+    selection it ran and none was certified (a run of some clauses); 1 otherwise, or when none is
+    available."""
+    available = [v for v in verdicts.values() if v != "not available"]
     if not available:
         print("no requested backend is available: nothing was certified", file=sys.stderr)
-        return 1
-    if gate == "covered":
-        cited = {c for case in res["cases"] for c in case["clauses"]}
-        bad = [
-            f"{name}: {cid} {res['clauses'][cid][name]}"
-            for name in available
-            for cid in res["selected"]
-            if cid in cited
-            and res["clauses"][cid][name] not in COVERED_OK
-            and not res["clause_details"][cid][name].startswith(outcomes.PARTLY_IMPLEMENTED)
-        ]
-        # what the gate let through short of a pass is said, never passed over in silence
-        accepted = [
-            f"{name}: {cid} {status} ({res['clause_details'][cid][name]})"
-            for name in available
-            for cid in res["selected"]
-            if cid in cited and (status := res["clauses"][cid][name]) != "pass" and f"{name}: {cid} {status}" not in bad
-        ]
-        for line in accepted:
-            print(f"gate covered accepts: {line}")
-        for line in bad:
-            print(f"gate: {line}", file=sys.stderr)
-        return 1 if bad else 0
-    return 0 if all(res["verdict"][n] == "certified" for n in available) else 1
+        return outcomes.EXIT_NOT_CERTIFIED
+    if all(v == outcomes.CERTIFIED for v in available):
+        return outcomes.EXIT_CERTIFIED
+    if all(v == outcomes.SELECTION_PASSED for v in available):
+        return outcomes.EXIT_SELECTION_PASSED
+    return outcomes.EXIT_NOT_CERTIFIED
 
 
 def merge(args: argparse.Namespace) -> int:
     parts = [json.loads((Path(d) / "results.json").read_text(encoding="utf-8")) for d in args.shards]
     res = results.merge(parts)
     results.write_all(res, args.out)
-    return _summarize(res, args.out, args.gate)
+    return _summarize(res, args.out)
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -541,18 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         default=900.0,
         help="seconds one check may run before its interpreter is killed and it is reported as a crash",
     )
-    c.add_argument(
-        "--gate",
-        choices=("certified", "covered"),
-        default="certified",
-        help="exit 1 unless every available backend is certified (default), or (covered, for CI while "
-        "clauses are still being written) unless every clause a check cites passes",
-    )
     c.set_defaults(func=certify)
     m = sub.add_parser("merge", help="merge the results of several shards or machines into one verdict")
     m.add_argument("shards", nargs="+", help="folders holding a results.json each")
     m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--gate", choices=("certified", "covered"), default="certified", help="as for certify")
     m.set_defaults(func=merge)
     v = sub.add_parser("verify", help="check a results folder's digest")
     v.add_argument("dir")
@@ -575,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, RuntimeError, OSError) as err:
         print(f"retro-conformance: error: {err}", file=sys.stderr)
-        return 2
+        return outcomes.EXIT_HARNESS_ERROR
 
 
 if __name__ == "__main__":

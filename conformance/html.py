@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from . import registry
+from .outcomes import CERTIFIED, SELECTION_PASSED, verdict_text
 
 #: how the matrix marks a clause whose checks prove the harness alone (registry.Clause.backend_independent)
 INDEPENDENT = "backend-independent"
@@ -123,12 +124,13 @@ def _verdicts(results: dict) -> str:
     rows = []
     for name, b in results["backends"].items():
         verdict = results["verdict"][name]
-        passing = sum(results["clauses"][c][name] == "pass" for c in results["selected"])
-        cls = css_class("pass" if verdict == "certified" else "not available" if verdict == "not available" else "fail")
+        # a selection that passed is not painted as a certification: the colour of "not selected"
+        shade = {CERTIFIED: "pass", SELECTION_PASSED: "not selected", "not available": "not available"}
+        cls = css_class(shade.get(verdict, "fail"))
         reason = f" ({escape(b.get('reason', ''))})" if b["status"] != "available" else ""
         rows.append(
             f'<tr><th>{escape(name)}</th><td class="verdict {cls}" data-verdict="{escape(verdict)}">'
-            f"{escape(verdict)}</td><td>{passing}/{len(results['selected'])} clauses pass{reason}</td></tr>"
+            f"{escape(verdict)}</td><td>{escape(verdict_text(results, name))}{reason}</td></tr>"
         )
     return f'<table id="verdicts">{"".join(rows)}</table>'
 

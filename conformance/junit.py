@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from . import registry
-from .outcomes import NO_CHECK, NO_CHECK_RAN
+from .outcomes import verdict_text
 
 #: a case run's JUnit element, for an intact run of a check: a failure or a crash there fails its
 #: clause, so a certified run shows none. A seeded-defect run is never a failure or an error: whether
@@ -20,13 +20,16 @@ JUNIT_CASE = {
     "not available": "skipped",
     "expected failure": "skipped",
 }
+#: a clause's JUnit element: red whenever the clause keeps its backend from being certified ("not
+#: supported", "expected failure" and a clause no check covers included, each with its reason);
+#: skipped only where nothing was asked of the backend: outside the run's selection, or absent
 JUNIT_CLAUSE = {
     "pass": None,
     "fail": "failure",
     "crash": "error",
-    "not covered": "failure",  # skipped only while no check exists (NO_CHECK, NO_CHECK_RAN)
-    "not supported": "skipped",
-    "expected failure": "skipped",
+    "not covered": "failure",
+    "not supported": "failure",
+    "expected failure": "failure",
     "not available": "skipped",
     "not selected": "skipped",
 }
@@ -38,12 +41,6 @@ def case_element(outcome: str, defect: str | None) -> str | None:
             return "failure"
         return None
     return JUNIT_CASE[outcome]
-
-
-def clause_element(status: str, reason: str) -> str | None:
-    if status == "not covered" and reason in (NO_CHECK, NO_CHECK_RAN):
-        return "skipped"
-    return JUNIT_CLAUSE[status]
 
 
 def _suite(
@@ -84,13 +81,15 @@ def write(results: dict, path: Path) -> None:
     shows no failure and no error in either suite."""
     root = ET.Element("testsuites", name="retro-conformance")
     for name, b in results["backends"].items():
-        props = {"status": b["status"], "verdict": results["verdict"][name]}
+        # a dashboard's summary of the suite: the verdict and what it rests on (a selection says it
+        # is not a certification)
+        props = {"status": b["status"], "verdict": results["verdict"][name], "clauses": verdict_text(results, name)}
         if b["status"] != "available":
             props["reason"] = b.get("reason", "")
         clause_rows = []
         for cid, row in results["clauses"].items():
             reason = results["clause_details"][cid][name]
-            element = clause_element(row[name], reason)
+            element = JUNIT_CLAUSE[row[name]]
             if element in ("failure", "error"):
                 # what a person needs from the dashboard: each failing check and its assertion
                 reason += "".join(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import html
+from .outcomes import verdict_text
 
 _MARK = {
     "not selected": "-",
@@ -27,12 +28,11 @@ def report(results: dict) -> str:
         lines.append(f"- partial: `{run['partial']}`")
     if run.get("merged"):
         lines.append(f"- merged from {run['shards']} shard(s)")
-    lines += ["", "## Verdict", "", "| backend | status | verdict | clauses passing |", "|---|---|---|---|"]
+    lines += ["", "## Verdict", "", "| backend | status | verdict | clauses |", "|---|---|---|---|"]
     for n in names:
         b = results["backends"][n]
-        passing = sum(results["clauses"][c][n] == "pass" for c in results["selected"])
         status = b["status"] + (f" ({b.get('reason')})" if b["status"] != "available" and b.get("reason") else "")
-        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {passing}/{len(results['selected'])} |")
+        lines.append(f"| {n} | {status} | **{results['verdict'][n]}** | {verdict_text(results, n)} |")
     failing = html.not_passing(results)
     if failing:  # what a reader came for, before the matrix
         lines += ["", "## Not passing", ""]

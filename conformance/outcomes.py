@@ -23,10 +23,29 @@ CLAUSE_CODES = (
     "not selected",
 )
 
+#: the verdict of a backend: "certified" only when every clause of the registry was run and passed
+#: there; a run of a selection whose clauses all pass reads SELECTION_PASSED, never "certified"
+CERTIFIED = "certified"
+SELECTION_PASSED = "selection passed"
+VERDICTS = (CERTIFIED, "not certified", SELECTION_PASSED, "not available")
+#: the exit codes of certify and merge: each verdict its own, so that a script cannot read a
+#: selection that passed as a certification
+EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_HARNESS_ERROR, EXIT_SELECTION_PASSED = 0, 1, 2, 3
+
+
+def verdict_text(results: dict, name: str) -> str:
+    """What a backend's verdict rests on, in the words every output uses: the clauses that pass of
+    those run, and for a selection that it is not a certification."""
+    passing = sum(results["clauses"][c][name] == "pass" for c in results["selected"])
+    run, total = len(results["selected"]), len(results["clauses"])
+    if run < total:
+        return f"passed {passing} of {run} selected; not a certification ({total} clauses in the registry)"
+    return f"{passing} of {total} clauses pass"
+
+
 #: the reason of a clause whose implemented part passes while the binding lacks the rest
 PARTLY_IMPLEMENTED = "passes where implemented"
-#: the reasons a clause reads "not covered" because no check of it exists yet (or none of them was
-#: selected): the only "not covered" that a JUnit dashboard shows as skipped rather than failed
+#: the reasons a clause reads "not covered" because no check of it exists yet, or none of them ran
 NO_CHECK = "no check cites it"
 NO_CHECK_RAN = "no check citing it ran"
 

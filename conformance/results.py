@@ -17,7 +17,7 @@ from retro._gate import digest as digest  # the package's integrity: the trainer
 from retro._gate import verify as verify
 
 from . import evidence, gate, html, junit, markdown, registry
-from .outcomes import CASE_CODES, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED
+from .outcomes import CASE_CODES, CERTIFIED, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED, SELECTION_PASSED
 
 SCHEMA = _gate.SCHEMA
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
@@ -211,8 +211,12 @@ def aggregate(
             verdict[name] = "not available"
         else:
             ok = all(clauses[cid][name] == "pass" for cid in chosen)
-            # a run that left out checks of its selected clauses (-k) never certifies them
-            verdict[name] = "certified" if ok and chosen and not partial else "not certified"
+            # a run that left out checks of its selected clauses (-k) never certifies them, and a
+            # selection of clauses is never a certification, however it went
+            if not ok or not chosen or partial:
+                verdict[name] = "not certified"
+            else:
+                verdict[name] = CERTIFIED if chosen == set(clauses) else SELECTION_PASSED
     out = {
         "schema": SCHEMA,
         "run": run,

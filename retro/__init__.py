@@ -23,7 +23,17 @@ from .devices import Device, devices
 from .errors import *  # noqa: F403 - the exception classes (one table: native/core/error_kinds.def)
 from .model import Model
 from .preflight import BufferNeed, Preflight
-from .training import SGD, AdamW, EpochCallback, EpochMetrics, Progress, RowPlan, Schedule, Trainer
+from .training import (
+    SGD,
+    AdamW,
+    EpochCallback,
+    EpochMetrics,
+    MicroBatchGradientWarning,
+    Progress,
+    RowPlan,
+    Schedule,
+    Trainer,
+)
 
 __version__ = "0.1.0"
 
@@ -45,6 +55,7 @@ __all__ = [
     "Device",
     "EpochCallback",
     "EpochMetrics",
+    "MicroBatchGradientWarning",
     "Model",
     "PackedDataset",
     "Preflight",

@@ -130,9 +130,11 @@ class Model(NativeHandle):
             raise TypeError("name must be a str")
         return self._h.tensor(name)
 
+    @forwarding
     def parameters(self) -> dict[str, np.ndarray]:
-        """float32 copies of every weight tensor, by name."""
-        return {n: self.tensor(n) for n in self.tensor_names()}
+        """float32 copies of every weight tensor, by name: all of one optimizer step's, read while
+        no training call on this model runs (one on another thread is waited for)."""
+        return dict(self._h.parameters())
 
     @forwarding
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -6,6 +6,7 @@ import _ctypes
 import ctypes
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -80,10 +81,21 @@ EpochCallback = ctypes.CFUNCTYPE(
 _BOOL_EPOCH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, *EpochCallback._argtypes_)  # CANCEL-01.signature's
 
 
+class MicroBatchGradientWarning(UserWarning):
+    """A trainer is training windows in micro-batches shorter than the window (``n_ubatch`` < the
+    window's width). That is llama.cpp's training in micro-batches, the same on every backend:
+    each micro-batch reads the keys and values of the window's earlier micro-batches from the KV
+    cache as constants, so its gradient is not the whole window's, and the K and V projections
+    (``attn_k``, ``attn_v``) get none. Said once per trainer; filter it as any warning
+    (``warnings.filterwarnings("ignore", category=retro.MicroBatchGradientWarning)``).
+    ``EpochMetrics.split_windows`` says it of each epoch."""
+
+
 @dataclass(frozen=True)
 class EpochMetrics:
     """What one epoch call executed. Losses are per token; eval values are None without an
-    evaluation tail (none requested, or skipped by cancellation)."""
+    evaluation tail (none requested, or skipped by cancellation). ``split_windows``: the windows
+    were trained in micro-batches shorter than themselves (:class:`MicroBatchGradientWarning`)."""
 
     train_loss: float
     train_loss_unc: float
@@ -108,18 +120,19 @@ class EpochMetrics:
     backward_build_s: float  # of backward_alloc_s: the backward and optimizer graphs built
     alloc_s: float  # of backward_alloc_s: the step's graph allocated
     compute_s: float
+    split_windows: bool = False  # of the call, not of the native loop: each window in several micro-batches
 
     @property
     def micro_batches(self) -> int:
         return self.train_micro_batches + self.eval_micro_batches
 
     @classmethod
-    def _from_native(cls, m: _native.EpochMetrics) -> EpochMetrics:
+    def _from_native(cls, m: _native.EpochMetrics, split_windows: bool) -> EpochMetrics:
         # the fields are native/core/epoch_metrics.def's, by name; eval values exist only with an eval tail
-        values = {f.name: getattr(m, f.name) for f in fields(cls)}
+        values = {f.name: getattr(m, f.name) for f in fields(cls) if f.name != "split_windows"}
         if not m.has_eval:
             values.update(eval_loss=None, eval_loss_unc=None, eval_accuracy=None)
-        return cls(**values)
+        return cls(**values, split_windows=split_windows)
 
 
 #: the loss heads a trainer can use (see :class:`Trainer`)
@@ -206,6 +219,7 @@ class Trainer(NativeHandle):
         self.context = context
         self.optimizer = optimizer
         self.accumulation = accumulation
+        self._told_split = False  # MicroBatchGradientWarning, once per trainer
         self._h = forwarding(_native.Trainer)(context._h, settings, accumulation)
         self._opened()
         self.schedule, self.horizon = schedule, steps
@@ -286,10 +300,10 @@ class Trainer(NativeHandle):
                 f"{self.period_position} micro-batches into an accumulation period: "
                 "checkpoint at a boundary (after an optimizer step)"
             )
-        params = self.context.model.parameters()
-        moments = {n: mv for n in params if (mv := self.moments(n)) is not None}
+        # the weights, their moments and the cursor of one step, read under one guard
+        params, moments, iteration = self._h.snapshot()
         meta = {"optimizer": type(self.optimizer).__name__, "accumulation": self.accumulation}
-        return Checkpoint(params, moments, self.iteration, meta)
+        return Checkpoint(dict(params), dict(moments), int(iteration), meta)
 
     @forwarding
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -319,15 +333,22 @@ class Trainer(NativeHandle):
         if self.period_position != 0:
             raise InvalidStateError("restore at an accumulation boundary")
         self._h.prepare_state()
-        for n, a in checkpoint.parameters.items():
-            model._h.set_tensor(n, np.ascontiguousarray(a))
-        if late:
-            check(moments)
+        # weights, moments and cursor written under the context's and the weights' guards at once
+        writes = [(n, -1, np.ascontiguousarray(a)) for n, a in checkpoint.parameters.items()]
         if not _checks.seeded("FAIL-08"):  # seeded defect: the moments are not restored
-            for n, (m, v) in checkpoint.moments.items():
-                self._h.set_moment(n, 0, np.ascontiguousarray(m))
-                self._h.set_moment(n, 1, np.ascontiguousarray(v))
-        self._h.set_iteration(iteration)
+            state = [
+                (n, which, np.ascontiguousarray(a))
+                for n, mv in checkpoint.moments.items()
+                for which, a in enumerate(mv)
+            ]
+        else:
+            state = []
+        if late:
+            self._h.restore(writes, None)
+            check(moments)
+            self._h.restore(state, iteration)
+        else:
+            self._h.restore(writes + state, iteration)
 
     # -- training -----------------------------------------------------------------------------
     def _split(self, dataset: Dataset, val_fraction: float) -> int:
@@ -374,6 +395,16 @@ class Trainer(NativeHandle):
         n_train = self._split(dataset, val_fraction)
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable")
+        split = dataset.width > self.context.training_ubatch
+        if split and not self._told_split:
+            self._told_split = True
+            warnings.warn(
+                f"windows of {dataset.width} tokens are trained in micro-batches of "
+                f"{self.context.training_ubatch}: each micro-batch takes the earlier ones' keys and values from "
+                "the KV cache as constants, and attn_k/attn_v get no gradient (docs/limits.md)",
+                MicroBatchGradientWarning,
+                stacklevel=3,
+            )
         # seeded defect: the callback type declared returning bool, not upstream's void
         wanted = _BOOL_EPOCH_CALLBACK if _checks.seeded("CANCEL-01.signature") else EpochCallback
         if epoch_callback is not None and not isinstance(epoch_callback, wanted):
@@ -387,9 +418,9 @@ class Trainer(NativeHandle):
         except BaseException as e:  # a callback's exception, or Ctrl-C: it carries what ran
             ran = getattr(e, "metrics", None)
             if isinstance(ran, _native.EpochMetrics):
-                e.metrics = EpochMetrics._from_native(ran)  # type: ignore[attr-defined]
+                e.metrics = EpochMetrics._from_native(ran, split)  # type: ignore[attr-defined]
             raise
-        return EpochMetrics._from_native(m)
+        return EpochMetrics._from_native(m, split)
 
     @forwarding
     def preflight(self, dataset: Dataset, *, val_fraction: float = 0.0, budget: Budget | None = None) -> Preflight:

@@ -98,3 +98,47 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_decode_and_train(mod
             env={**os.environ, "GGML_NO_BACKTRACE": "1"},
         )
         assert child.returncode == 0 and "terminate" not in child.stderr, child.stderr[-2000:]
+
+
+def test_weights_are_read_and_written_one_step_at_a_time(model):
+    """Every read and write of the weights waits for a training call on the model (call_guard.h):
+    a snapshot taken from another thread while an epoch runs is the epoch's last step's, never a
+    step in between; a checkpoint read there is one step's weights and moments; from inside the
+    epoch's own callback reads nest and a write is a typed error."""
+    import threading
+
+    import numpy as np
+
+    import retro
+    from retro.errors import InvalidStateError
+
+    with retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=64, n_threads=1) as ctx:
+        tr = retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-2))
+        stream = np.random.default_rng(2).integers(0, model.n_vocab, size=2 * 256 + 1)
+        ds = retro.TokenDataset.from_tokens(stream, width=256)
+        inside, read = threading.Event(), threading.Event()
+        nested = []
+
+        def progress(p):
+            if p.done == 1:
+                nested.append(model.parameters())  # a read nests in the call that holds the weights
+                with pytest.raises(InvalidStateError, match="may not write the weights"):
+                    model._h.set_tensor("output_norm.weight", np.ones_like(nested[0]["output_norm.weight"]))
+                inside.set()
+            read.wait(timeout=0.3)  # each step lingers: an unguarded read lands between two of them
+
+        epoch = threading.Thread(target=lambda: tr.epoch(ds, progress=progress))
+        epoch.start()
+        assert inside.wait(timeout=60)
+        during = model.parameters()  # waits for the epoch's guard
+        read.set()
+        epoch.join(timeout=120)
+        after = model.parameters()
+        assert tr.iteration == 1 + 8 and len(nested) == 1
+        assert all(np.array_equal(during[n], after[n]) for n in after), "a snapshot mixed the epoch's steps"
+        assert any(not np.array_equal(nested[0][n], after[n]) for n in after)
+        checkpoint = tr.checkpoint()
+        assert checkpoint.iteration == 9 and set(checkpoint.moments) <= set(checkpoint.parameters)
+        tr.restore(checkpoint)
+        assert all(np.array_equal(model.parameters()[n], after[n]) for n in after)
+        tr.close()

@@ -46,7 +46,7 @@ def test_a_seeded_regression_is_found_first_and_exits_1(tmp_path, capsys):
     assert [c.where for c in d.regressions] == ["BASE-02 on cpu"]
     assert [c.where for c in d.defect_runs] == ["cpu: b [defect BASE-02]"]
     assert d.regressions[0].old == "pass" and d.regressions[0].new == "fail"
-    assert [v.line() for v in d.verdicts] == ["cpu: certified -> not certified"]
+    assert [v.line() for v in d.verdicts] == ["cpu: selection passed -> not certified"]
     assert "patch series: abc -> def" in d.builds and any("added ['0002-b.patch']" in b for b in d.builds)
     assert [c.where for c in d.bounded] == ["cpu: a: logits"] and not any(c in d.regressions for c in d.bounded)
     assert [c.where for c in d.timings] == ["cpu: a"]

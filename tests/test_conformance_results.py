@@ -181,7 +181,8 @@ def test_every_registry_clause_is_listed_and_the_verdict_counts_the_selection():
     res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE, "cuda": ABSENT}, cs, ["CANCEL-04"])
     assert set(res["clauses"]) == set(registry.clauses())
     assert res["clauses"]["BASE-02"]["cpu"] == "not selected"
-    assert res["verdict"] == {"cpu": "certified", "cuda": "not available"}
+    # a selection that passed is not a certification
+    assert res["verdict"] == {"cpu": "selection passed", "cuda": "not available"}
     full = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, cs, list(registry.clauses()))
     assert full["verdict"]["cpu"] == "not certified"
 
@@ -199,7 +200,7 @@ def test_shards_merge_into_one_verdict_and_tampering_is_detected():
     )
     merged = results.merge([cpu, gpu])
     assert merged["backends"]["cpu"]["status"] == merged["backends"]["cuda"]["status"] == "available"
-    assert merged["verdict"] == {"cpu": "certified", "cuda": "not certified"}
+    assert merged["verdict"] == {"cpu": "selection passed", "cuda": "not certified"}
     assert len(merged["shards"]) == 2
     results.verify(merged)
     other = results.aggregate(
@@ -210,7 +211,7 @@ def test_shards_merge_into_one_verdict_and_tampering_is_detected():
     )
     with pytest.raises(ValueError, match="different builds"):
         results.merge([cpu, other])
-    gpu["verdict"]["cuda"] = "certified"
+    gpu["verdict"]["cuda"] = "selection passed"
     with pytest.raises(ValueError, match="digest"):
         results.merge([cpu, gpu])
 
@@ -222,18 +223,23 @@ def test_outputs_are_well_formed(tmp_path):
         case("c", ["BASE-02"], "crash"),
         case("d", ["BASE-03"], "not supported", message="no op"),
     ]
-    res = results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, ["CANCEL-04"])
+    selected = ["CANCEL-04", "BASE-03"]
+    res = results.aggregate({"start_time": "t", "seed": 0}, {"cpu": AVAILABLE, "vulkan": ABSENT}, cs, selected)
     results.write_all(res, tmp_path)
     loaded = json.loads((tmp_path / "results.json").read_text())
     results.verify(loaded)
     suites = {s.get("name"): s for s in ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")}
     cpu = suites["cpu"]
     assert (cpu.get("tests"), cpu.get("failures"), cpu.get("errors"), cpu.get("skipped")) == ("4", "1", "1", "1")
-    # one test case per clause: CANCEL-04 failed, the others are outside the selection (skipped)
+    # one test case per clause: CANCEL-04 failed and BASE-03 not supported (red, with its reason:
+    # it keeps the backend from being certified); the others are outside the selection (skipped)
     clauses = suites["cpu.clauses"]
     assert int(clauses.get("tests")) == len(registry.clauses())
-    assert (clauses.get("failures"), clauses.get("errors")) == ("1", "0")
+    assert (clauses.get("failures"), clauses.get("errors")) == ("2", "0")
+    assert int(clauses.get("skipped")) == len(registry.clauses()) - 2
     assert clauses.find("testcase[@name='CANCEL-04']/failure") is not None
+    unsupported = clauses.find("testcase[@name='BASE-03']/failure")
+    assert unsupported is not None and unsupported.get("message", "").startswith("not supported: ")
     assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()))
     report = (tmp_path / "report.md").read_text()
     assert "| cpu | available | **not certified** |" in report and "### cpu: b (fail)" in report
@@ -260,7 +266,7 @@ def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_pat
     cs += [case("c", ["CANCEL-04", "BASE-02"], "survived", defect=d) for d in registry.defects_of("CANCEL-04")[1:]]
     cs += [case("c", ["CANCEL-04", "BASE-02"], "caught", defect=registry.defects_of("CANCEL-04")[0])]
     green = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, cs, ["CANCEL-04", "BASE-02"])
-    assert green["verdict"]["cpu"] == "certified"
+    assert green["verdict"]["cpu"] == "selection passed"
     results.write_all(green, tmp_path / "green")
     counts = _dashboard(tmp_path / "green" / "junit.xml")
     assert counts == {"cpu.clauses": (0, 0, []), "cpu": (0, 0, [])}, counts

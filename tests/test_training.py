@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -39,6 +40,23 @@ def test_metrics_count_what_ran(ctx):
     assert m.logical_tokens == m.physical_tokens == 16 * 64
     assert m.epoch_complete and m.eval_loss is not None and math.isfinite(m.eval_loss)
     assert 0.0 <= m.train_accuracy <= 1.0 and m.elapsed_s > 0
+
+
+def test_training_in_micro_batches_shorter_than_the_window_is_said_once(ctx, model):
+    """llama.cpp's micro-batch gradient (the earlier micro-batches' keys and values as constants)
+    is told once per trainer, as a warning a caller can filter, and in every epoch's metrics; a
+    window trained whole is not."""
+    with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
+        with pytest.warns(retro.MicroBatchGradientWarning, match="micro-batches of 64") as told:
+            first = tr.epoch(dataset(1))
+            second = tr.epoch(dataset(1))
+        assert len([w for w in told if w.category is retro.MicroBatchGradientWarning]) == 1
+        assert first.split_windows and second.split_windows
+    with retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=256) as whole:
+        with retro.Trainer(whole, optimizer=retro.SGD(lr=0.01)) as tr:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", retro.MicroBatchGradientWarning)
+                assert not tr.epoch(dataset(1)).split_windows
 
 
 def test_a_partial_period_carries_into_the_next_call(ctx):

@@ -20,7 +20,7 @@ from retro.conformance.evidence import bound, expect
 CANARIES = Path(cli.__file__).parent / "canaries"
 CANARY = "test_canaries.py::"
 HANG_TIMEOUT_S = 6.0  # a trivial canary ends in milliseconds even on a loaded machine
-#: the clauses the canaries cite, and one no check cites (its JUnit case must read skipped)
+#: the clauses the canaries cite, and one no check cites (its JUnit case must read failed)
 SELECTED = ["HARNESS-03", "HARNESS-05", "HARNESS-06", "HARNESS-07", "BASE-01"]
 BUILD = {"retro": "canary", "llama_cpp": "canary", "patch_series_sha256": "canary"}
 #: what each canary variant must end as: (canary, defect) -> result code
@@ -201,8 +201,15 @@ def test_the_outputs_carry_every_result_code_and_shards_merge_into_one_run(backe
         "a clause whose defect escaped is not a failure naming the defect in junit.xml",
     )
     expect("HARNESS-06", element(clauses["HARNESS-05"]) == "error", "a crashed clause is not an error in junit.xml")
-    expect("HARNESS-06", element(clauses["BASE-01"]) == "skipped", "a clause no check cites is not skipped")
+    # red wherever the clause keeps its backend from being certified; skipped only outside the run
+    expect("HARNESS-06", element(clauses["BASE-01"]) == "failure", "a selected clause no check cites is not a failure")
     expect("HARNESS-06", element(clauses["TOPO-01"]) == "skipped", "a clause outside the selection is not skipped")
+    props = {p.get("name"): p.get("value") or "" for p in suites["cpu.clauses"].findall("properties/property")}
+    expect(
+        "HARNESS-06",
+        props.get("verdict") == "not certified" and "not a certification" in props.get("clauses", ""),
+        f"junit.xml's cpu.clauses suite does not say the selection is not a certification: {props}",
+    )
 
     report = (out / "report.md").read_text(encoding="utf-8")
     expect("HARNESS-06", "| cpu | available | **not certified** |" in report, "report.md lacks the verdict")

@@ -146,7 +146,7 @@ void bind_context(py::module_ & m) {
                                        return llama_memory_seq_pos_max(llama_get_memory(self.get()), 0) + 1;
                                    })
             .def_readonly("has_trainer", &Context::has_trainer)
-            .def_property_readonly("callers", [](const Context & self) { return self.callers.load(); })
+            .def_property_readonly("callers", [](const Context & self) { return self.calls.callers.load(); })
             .def("decode", &decode, py::arg("tokens"))
             .def("generate", &generate, py::arg("prompt"), py::arg("max_new"), py::arg("temperature"), py::arg("seed"),
                  py::arg("stop_at_eog"), py::arg("draft"), py::arg("n_draft"))

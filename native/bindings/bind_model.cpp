@@ -156,15 +156,32 @@ void bind_model(py::module_ & m) {
                      }
                      return out;
                  })
+            // every read and write of the weights waits for a training call on them (call_guard.h);
+            // a read may nest in that call's callbacks, a write may not
             .def("tensor",
-                 [](const Model & self, const std::string & name) { return tensor_to_numpy(named_tensor(self, name)); })
+                 [](Model & self, const std::string & name) {
+                     WeightsBusy weights(self, WeightsGuard::Nesting::allowed);
+                     return tensor_to_numpy(named_tensor(self, name));
+                 })
+            .def("parameters",
+                 [](Model & self) {
+                     WeightsBusy weights(self, WeightsGuard::Nesting::allowed);
+                     py::dict out;  // one step's weights, all of them
+                     for (int32_t i = 0; i < llama_model_n_tensors(self.get()); ++i) {
+                         const ggml_tensor * t          = llama_model_get_tensor(self.get(), i);
+                         out[py::str(ggml_get_name(t))] = tensor_to_numpy(t);
+                     }
+                     return out;
+                 })
             .def("set_tensor",
-                 [](const Model & self, const std::string & name, py::array_t<float, py::array::c_style> values) {
+                 [](Model & self, const std::string & name, py::array_t<float, py::array::c_style> values) {
+                     WeightsBusy weights(self, WeightsGuard::Nesting::refused);
                      write_f32(named_tensor(self, name), values.data(), (size_t) values.size());
                  })
-            .def("save", [](const Model & self, const std::string & path) {
+            .def("save", [](Model & self, const std::string & path) {
                 clear_recent_errors();
                 WithoutGil release;
+                WeightsGuard weights(self, WeightsGuard::Nesting::allowed);
                 llama_model_save_to_file(self.get(), path.c_str());
             });
 }

@@ -296,7 +296,41 @@ void bind_trainer(py::module_ & m) {
                         write_f32(s, values.data(), (size_t) values.size());
                     },
                     py::arg("name"), py::arg("which"), py::arg("values"))
-            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"), py::call_guard<WithoutGil>());
+            .def("set_iteration", &Trainer::set_iteration, py::arg("iteration"), py::call_guard<WithoutGil>())
+            .def(
+                    "restore",
+                    [](Trainer & t,
+                       const std::vector<std::tuple<std::string, int, py::array_t<float, py::array::c_style>>> & writes,
+                       std::optional<int64_t> iteration) {
+                        // which: -1 a weight, 0/1 an AdamW moment; the arrays live in `writes` for the call
+                        std::vector<Trainer::TensorWrite> native;
+                        native.reserve(writes.size());
+                        for (const auto & [name, which, values] : writes) {
+                            native.push_back({name, which < 0 ? -1 : (which == 0 ? 0 : 1), values.data(),
+                                              (size_t) values.size()});
+                        }
+                        WithoutGil release;
+                        t.restore(native, iteration);
+                    },
+                    py::arg("writes"), py::arg("iteration"))
+            .def("snapshot", [](Trainer & t) {
+                // the weights and their AdamW moments of one step: the context's guard, then the weights'
+                Busy busy(t.held(), CallGuard::Nesting::allowed);
+                WeightsBusy weights(*t.held().model, WeightsGuard::Nesting::allowed);
+                llama_model * model = t.held().model->get();
+                py::dict params, moments;
+                for (int32_t i = 0; i < llama_model_n_tensors(model); ++i) {
+                    const ggml_tensor * w  = llama_model_get_tensor(model, i);
+                    const std::string name = ggml_get_name(w);
+                    params[py::str(name)]  = tensor_to_numpy(w);
+                    const ggml_tensor * m  = t.state_tensor(name, 0);
+                    const ggml_tensor * v  = t.state_tensor(name, 1);
+                    if (m && v) {
+                        moments[py::str(name)] = py::make_tuple(tensor_to_numpy(m), tensor_to_numpy(v));
+                    }
+                }
+                return py::make_tuple(params, moments, t.iteration());
+            });
 }
 
 }  // namespace retro::bindings

@@ -83,6 +83,22 @@ private:
     std::optional<CallGuard> guard_;
 };
 
+// The model's weights guard (native/core/call_guard.h), waited for without the GIL: the training
+// call it waits on may need the GIL for its callbacks.
+class WeightsBusy {
+public:
+    explicit WeightsBusy(Model & m, WeightsGuard::Nesting nesting) {
+        if (m.model == nullptr) {
+            return;  // closed: the call fails with the GIL held
+        }
+        WithoutGil release;
+        guard_.emplace(m, nesting);
+    }
+
+private:
+    std::optional<WeightsGuard> guard_;
+};
+
 // a float32 copy of a tensor (any backend), shaped outermost first
 pybind11::array_t<float> tensor_to_numpy(const ggml_tensor * t);
 

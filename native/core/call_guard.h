@@ -4,56 +4,95 @@
 // callback, schedule or tensor-transaction handler calling back into its own context) is refused
 // with a typed error instead of deadlocking. llama.cpp's context is not thread-safe: without this,
 // a close from another thread during an epoch freed the scheduler under the running compute.
+//
+// One writer or reader of a model's weights at a time: a training call holds its model's weights
+// for its whole run (after its context: always in that order), and every read or write of them
+// through the API (a weight, every parameter, a checkpoint taken or restored) waits for it, so
+// that a snapshot taken while another thread trains is one step's, never two steps' mixed.
 #pragma once
 
 #include "errors.h"
 #include "handles.h"
 
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace retro {
 
-class CallGuard {
+class GateGuard {
 public:
     // How a call from the thread already inside one is met: a read of state (a parameter, a
-    // moment, the cursor) may nest, since the running call holds the context; anything else is refused.
+    // moment, the cursor) may nest, since the running call holds the gate; anything else is refused.
     enum class Nesting { refused, allowed };
 
-    // Waits for the context: the binding constructs it with the GIL released.
-    explicit CallGuard(Context & c, Nesting nesting = Nesting::refused) : c_(c) {
-        if (c.owner.load() == std::this_thread::get_id()) {
+    // Waits for the gate: the binding constructs it with the GIL released.
+    GateGuard(CallGate & g, Nesting nesting, const char * refusal) : g_(g) {
+        if (g.owner.load() == std::this_thread::get_id()) {
             if (nesting == Nesting::allowed) {
                 nested_ = true;
                 return;
             }
-            throw Error(ErrorKind::InvalidState,
-                        "a callback may not call into the context whose call is running it "
-                        "(progress, schedule or tensor-transaction handler)");
+            throw Error(ErrorKind::InvalidState, refusal);
         }
-        c.callers += 1;
+        g.callers += 1;
         try {
-            lock_ = std::unique_lock<std::mutex>(c.busy);
+            lock_ = std::unique_lock<std::mutex>(g.busy);
         } catch (...) {
-            c.callers -= 1;
+            g.callers -= 1;
             throw;
         }
-        c.owner = std::this_thread::get_id();
+        g.owner = std::this_thread::get_id();
     }
-    ~CallGuard() {
+    ~GateGuard() {
         if (nested_) {
             return;
         }
-        c_.owner = std::thread::id();
-        c_.callers -= 1;
+        g_.owner = std::thread::id();
+        g_.callers -= 1;
     }
-    CallGuard(const CallGuard &)             = delete;
-    CallGuard & operator=(const CallGuard &) = delete;
+    GateGuard(const GateGuard &)             = delete;
+    GateGuard & operator=(const GateGuard &) = delete;
 
 private:
-    Context & c_;
+    CallGate & g_;
     bool nested_ = false;
     std::unique_lock<std::mutex> lock_;
+};
+
+// A call on a context.
+class CallGuard : public GateGuard {
+public:
+    using Nesting = GateGuard::Nesting;
+    explicit CallGuard(Context & c, Nesting nesting = Nesting::refused)
+        : GateGuard(c.calls, nesting,
+                    "a callback may not call into the context whose call is running it "
+                    "(progress, schedule or tensor-transaction handler)") {}
+};
+
+// A read or write of a model's weights (or a training call, which writes them).
+class WeightsGuard : public GateGuard {
+public:
+    using Nesting = GateGuard::Nesting;
+    explicit WeightsGuard(Model & m, Nesting nesting = Nesting::refused)
+        : GateGuard(m.weights, nesting,
+                    "a callback may not write the weights of the model whose training call is running it") {}
+};
+
+// What a training call holds for its whole run: its context, then its model's weights. Empty
+// under seeded defect TX-OWN-04.unguarded-training (constructed with no context).
+class TrainingCall {
+public:
+    explicit TrainingCall(Context * c) {
+        if (c) {
+            call_.emplace(*c);
+            weights_.emplace(*c->model);
+        }
+    }
+
+private:
+    std::optional<CallGuard> call_;
+    std::optional<WeightsGuard> weights_;
 };
 
 }  // namespace retro

@@ -19,9 +19,17 @@
 
 namespace retro {
 
+// What a call guard waits on (call_guard.h): one call at a time, and the thread inside it.
+struct CallGate {
+    std::mutex busy;
+    std::atomic<std::thread::id> owner{};
+    std::atomic<int> callers{0};  // threads inside a call, waiting or running
+};
+
 struct Model {
     llama_model * model = nullptr;
-    bool trainable      = false;
+    CallGate weights;  // every read and write of the weights, and every training call on them
+    bool trainable = false;
     std::atomic<int> open_contexts{0};  // contexts created on this model and not yet closed (any thread)
 
     ~Model() {
@@ -55,11 +63,9 @@ struct Context {
     // The tensor-transaction state llama.cpp calls back into: its address is the context's
     // eval-callback and decode-hook user data, so it is released only after llama_free.
     std::unique_ptr<tx::Transactions> transactions;
-    // Every call on the context is serialized by CallGuard (call_guard.h); `owner` is the thread
-    // inside one, so that a call from that thread (a callback into its own context) is refused.
-    std::mutex busy;
-    std::atomic<std::thread::id> owner{};
-    std::atomic<int> callers{0};  // threads inside a call of this context, waiting or running
+    // Every call on the context is serialized by CallGuard (call_guard.h); the gate's owner is the
+    // thread inside one, so that a call from that thread (a callback into its own context) is refused.
+    CallGate calls;
 
     ~Context() { close(); }
     void close() {

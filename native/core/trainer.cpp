@@ -68,12 +68,12 @@ Context & Trainer::held() const {
     return *context_;
 }
 
-std::optional<CallGuard> Trainer::training_call() {
+TrainingCall Trainer::training_call() {
     if (retro_defect_on(RETRO_DEFECT_TX_OWN_04_UNGUARDED_TRAINING)) {
         held();  // a closed trainer is still refused
-        return std::nullopt;
+        return TrainingCall(nullptr);
     }
-    return std::optional<CallGuard>(std::in_place, held());
+    return TrainingCall(&held());
 }
 
 llama_context * Trainer::ctx() const {
@@ -203,6 +203,35 @@ void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_
     context_->n_past = sequence_length(lctx);
     if (status != LLAMA_OPT_STATUS_OK) {
         throw training_error(status);
+    }
+}
+
+void Trainer::restore(const std::vector<TensorWrite> & writes, std::optional<int64_t> iteration) {
+    CallGuard call(held());
+    WeightsGuard weights(*held().model);
+    std::vector<ggml_tensor *> targets;
+    targets.reserve(writes.size());
+    for (const TensorWrite & w : writes) {  // every target and size first: nothing is half written
+        ggml_tensor * t =
+                w.which < 0 ? find_model_tensor(context_->model->get(), w.name) : state_tensor(w.name, w.which);
+        if (!t) {
+            throw Error(ErrorKind::InvalidState, (w.which < 0 ? "no weight named '" : "no optimizer moment for '") +
+                                                         w.name + "' (prepare the state first)");
+        }
+        if (t->type != GGML_TYPE_F32 || (int64_t) w.count != ggml_nelements(t)) {
+            throw std::invalid_argument("cannot write " + std::to_string(w.count) + " float32 values into tensor '" +
+                                        ggml_get_name(t) + "'");
+        }
+        targets.push_back(t);
+    }
+    for (std::size_t i = 0; i < writes.size(); ++i) {
+        write_f32(targets[i], writes[i].values, writes[i].count);
+    }
+    if (iteration) {  // refused, as set_iteration refuses it, once the tensors are written
+        if (*iteration < 1) {
+            throw std::invalid_argument("the optimizer iteration starts at 1");
+        }
+        ggml_opt_set_iter(opt(), *iteration);
     }
 }
 

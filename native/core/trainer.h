@@ -104,10 +104,10 @@ public:
     const std::shared_ptr<Context> & context() const { return context_; }
     // the context, for its call guard (call_guard.h); throws once the trainer is closed
     Context & held() const;
-    // the call guard a training call (epoch, micro-batch, state preparation, the upstream loop)
-    // holds while it runs; seeded defect TX-OWN-04.unguarded-training: none, as if decode's guard
-    // had never been extended to training
-    std::optional<CallGuard> training_call();
+    // the guards a training call (epoch, micro-batch, state preparation, the upstream loop) holds
+    // while it runs: its context and its model's weights; seeded defect
+    // TX-OWN-04.unguarded-training: none, as if decode's guard had never been extended to training
+    TrainingCall training_call();
 
     // optimizer state of a weight, nullptr where there is none (yet): the gradient accumulator
     // (which == -1) or the AdamW moments (which == 0: first, 1: second)
@@ -116,6 +116,16 @@ public:
     // checkpoint restore: create the optimizer state, then write moments and the cursor
     void prepare_state();
     void set_iteration(int64_t iteration);
+    // a checkpoint written under the context's and the weights' guards at once: every named
+    // weight, then each AdamW moment, then the cursor (when given); every name and size is checked
+    // before anything is written
+    struct TensorWrite {
+        std::string name;
+        int which;  // -1: a weight of the model; 0/1: an AdamW moment of that weight
+        const float * values;
+        std::size_t count;
+    };
+    void restore(const std::vector<TensorWrite> & writes, std::optional<int64_t> iteration);
 
     // the packed-topology cache of the fork (llama_opt_set_topology_cache), its counters, and the
     // walk of its entry's graphs: (sources that are not their own tensors, stale compute addresses)
