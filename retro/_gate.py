@@ -7,8 +7,8 @@ The cache may be enabled for a set of target backends (the CPU, the oracle, alwa
 only when, on each of them, every TOPO, FAIL, HOST and CANCEL clause of the contract passes, and
 the measurement records of the same package show the cache removing at least 90 % of the
 per-step rebuild cost (forward build, backward expansion and allocation), averaged over every
-configuration the checks measured: the cache's best case and the common ones (accumulation 2,
-where every step allocates a clone again; packed documents; the fused head). Anything else refuses, naming
+configuration the checks measured: accumulation 1, and the common ones (accumulation 2 with an
+evaluation tail; packed documents; the fused head). Anything else refuses, naming
 what is missing: which clause on which backend, with its status, and which figure."""
 
 from __future__ import annotations

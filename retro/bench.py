@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -137,17 +138,22 @@ PHASES = ("staging_s", "graph_build_s", "backward_build_s", "alloc_s", "backward
 REBUILD = ("graph_build_s", "backward_build_s", "alloc_s")
 
 
+#: the accumulation periods the rebuild is measured at: where a hit once allocated again (> 1)
+REBUILD_ACCUMULATIONS = (1, 2, 4)
+
+
 def rebuild_cost(
-    model: Path, *, device: Device | None, threads: int, n_ubatch: int, reps: int
+    model: Path, *, device: Device | None, threads: int, n_ubatch: int, reps: int, accumulation: int = 1
 ) -> dict[str, dict[str, float]]:
     """Per micro-batch, the seconds of each phase of a training step (min over repetitions), the
     rebuild (forward build + backward expansion + allocation) and the whole step, with the
-    packed-topology cache off and on: two trainers of one model, their epochs alternating."""
+    packed-topology cache off and on: two trainers of one model, their epochs alternating, each
+    epoch of 6 training windows and an evaluation tail of 2."""
     import retro
     from retro import _checks
 
     devices: list[Device] = [] if device is None else [device]
-    stream = np.random.default_rng(2).integers(0, 512, size=4 * 256 + 1)
+    stream = np.random.default_rng(2).integers(0, 512, size=8 * 256 + 1)
     ds = retro.TokenDataset.from_tokens(stream, width=256)
     per_rep: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     with (
@@ -159,12 +165,14 @@ def rebuild_cost(
                 # the cache without a gate package: this measurement is part of the gate's evidence
                 _checks.waive_topology_gate(cache == "on")
                 try:
-                    trainer = retro.Trainer(c, optimizer=retro.AdamW(lr=1e-4), topology_cache=cache == "on")
+                    trainer = retro.Trainer(
+                        c, optimizer=retro.AdamW(lr=1e-4), accumulation=accumulation, topology_cache=cache == "on"
+                    )
                 finally:
                     _checks.waive_topology_gate(False)
                 with trainer as tr:
-                    tr.epoch(ds)  # the first epoch builds (a miss) and warms up
-                    metrics = tr.epoch(ds)
+                    tr.epoch(ds, val_fraction=0.25)  # the first epoch builds (a miss) and warms up
+                    metrics = tr.epoch(ds, val_fraction=0.25)
                 if rep:
                     row = {ph: getattr(metrics, ph) / metrics.micro_batches for ph in PHASES}
                     row["rebuild_s"] = sum(row[ph] for ph in REBUILD)
@@ -209,12 +217,17 @@ def _rebuild_rows(folder: Path, backends: list[tuple[str, Device | None]], *, re
     for label, (spec, ubatches) in REBUILD_MODELS.items():
         path = write_tiny_llama(folder / f"rebuild-{len(rows)}.gguf", TinyLlamaSpec(**spec))
         for backend, device in backends:
-            for n_ubatch in ubatches:
-                r = rebuild_cost(path, device=device, threads=CORES, n_ubatch=n_ubatch, reps=reps)
-                rows.append({"model": label, "backend": backend, "n_ubatch": n_ubatch, **r})
+            for n_ubatch, accumulation in itertools.product(ubatches, REBUILD_ACCUMULATIONS):
+                r = rebuild_cost(
+                    path, device=device, threads=CORES, n_ubatch=n_ubatch, reps=reps, accumulation=accumulation
+                )
+                rows.append(
+                    {"model": label, "backend": backend, "n_ubatch": n_ubatch, "accumulation": accumulation, **r}
+                )
                 off, on, ratio = r["off"], r["on"], r["ratio"]
                 print(
-                    f"  {label:14} {backend:16} n_ubatch {n_ubatch:3}: rebuild off {off['rebuild_s'] * 1e3:6.3f} ms "
+                    f"  {label:14} {backend:16} n_ubatch {n_ubatch:3} accumulation {accumulation}: "
+                    f"rebuild off {off['rebuild_s'] * 1e3:6.3f} ms "
                     f"(build {off['graph_build_s'] * 1e3:.3f}, backward {off['backward_build_s'] * 1e3:.3f}, "
                     f"alloc {off['alloc_s'] * 1e3:.3f}) = {ratio['rebuild_over_compute_off_median']:.3f} of compute; "
                     f"cache on {on['rebuild_s'] * 1e3:6.3f} ms: removed {ratio['removed_median']:.1%} "

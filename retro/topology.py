@@ -1,4 +1,4 @@
-"""The packed-topology cache (fork patches 0037/0038): its counters, and the gate that decides
+"""The packed-topology cache (fork patches 0037/0038, 0056): its counters, and the gate that decides
 whether a trainer may switch it on.
 
 The cache is off by default. ``Trainer(topology_cache=True)`` switches it on only with a results

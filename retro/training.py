@@ -165,9 +165,10 @@ class Trainer(NativeHandle):
     :class:`retro.UnsupportedHeadError` before anything is allocated.
 
     ``topology_cache`` switches on the fork's packed-topology cache (:mod:`retro.topology`): a
-    micro-batch whose key (token geometry and sequence layout, target count, head, training or
-    evaluation, trainable tensors) matches the one entry's runs its graphs again instead of
-    rebuilding them. ``True`` needs a results package whose gate enables the cache for this build
+    micro-batch whose key (token geometry and sequence layout, target count, head, trainable
+    tensors; an entry built for training serves evaluation too) matches the one entry's runs its
+    graphs again instead of rebuilding them, in the one allocation the scheduler holds: a hit
+    allocates nothing at any accumulation period. ``True`` needs a results package whose gate enables the cache for this build
     and for every backend the model runs on (``topology_gate``, a folder or its results.json, or
     ``$RETRO_TOPOLOGY_GATE``), else :class:`retro.TopologyGateError` says what is missing. (The
     checks that produce the gate's evidence waive it through the harness's test door, which a
