@@ -374,6 +374,8 @@ def _why_not_certified(res: dict, name: str, limit: int = WHY_SHOWN) -> list[str
     """Each selected clause short of a pass on `name`, with why, and the first line of the message of
     each of its checks that failed or crashed: the last lines of a CI log name what failed."""
     lines = []
+    if res.get("run", {}).get("partial"):  # every clause may pass, and yet checks were left out
+        lines.append(f"  the run left checks out: {res['run']['partial']}")
     for cid in res["selected"]:
         status = res["clauses"][cid][name]
         if status == "pass":

@@ -73,9 +73,30 @@ def _suite(
                 ET.SubElement(tc, "system-out").text = f"{code}: {message}"
 
 
+#: the name of the test case that carries a backend's verdict in <backend>.clauses
+VERDICT_CASE = "verdict"
+#: its element: red whenever the backend is not certified, even where every clause run passed (a
+#: run that left checks out: -k, --exitfirst); skipped for a selection and an absent backend
+JUNIT_VERDICT = {
+    "certified": None,
+    "not certified": "failure",
+    "selection passed": "skipped",
+    "not available": "skipped",
+}
+
+
+def _verdict_row(results: dict, name: str) -> tuple[str, str, float, str, str, str | None]:
+    verdict = results["verdict"][name]
+    reason = verdict_text(results, name)
+    if results["run"].get("partial"):
+        reason += f"; the run left checks out ({results['run']['partial']})"
+    return (f"{name}.clauses", VERDICT_CASE, 0.0, verdict, reason, JUNIT_VERDICT[verdict])
+
+
 def write(results: dict, path: Path) -> None:
     """Per backend, two suites: `<backend>.clauses`, one test case per clause (the verdict's unit: a
-    clause that does not pass is a failure, with the reason, or an error for a crash), and
+    clause that does not pass is a failure, with the reason, or an error for a crash) and one for
+    the verdict itself (red unless certified; skipped for a selection or an absent backend), and
     `<backend>`, one per case run (each intact check and each seeded-defect run; only an intact
     run's failure or crash is one there, and each such fails its clause too). A certified backend
     shows no failure and no error in either suite."""
@@ -99,6 +120,7 @@ def write(results: dict, path: Path) -> None:
                     if c["outcome"] in ("fail", "crash")
                 )
             clause_rows.append((f"{name}.clauses", cid, 0.0, row[name], reason, element))
+        clause_rows.append(_verdict_row(results, name))
         _suite(root, f"{name}.clauses", clause_rows, props)
         case_rows = []
         for c in (c for c in results["cases"] if c["backend"] == name):

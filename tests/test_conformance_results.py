@@ -233,14 +233,16 @@ def test_outputs_are_well_formed(tmp_path):
     assert (cpu.get("tests"), cpu.get("failures"), cpu.get("errors"), cpu.get("skipped")) == ("4", "1", "1", "1")
     # one test case per clause: CANCEL-04 failed and BASE-03 not supported (red, with its reason:
     # it keeps the backend from being certified); the others are outside the selection (skipped)
+    # and one for the verdict: not certified, red
     clauses = suites["cpu.clauses"]
-    assert int(clauses.get("tests")) == len(registry.clauses())
-    assert (clauses.get("failures"), clauses.get("errors")) == ("2", "0")
+    assert int(clauses.get("tests")) == len(registry.clauses()) + 1
+    assert (clauses.get("failures"), clauses.get("errors")) == ("3", "0")
     assert int(clauses.get("skipped")) == len(registry.clauses()) - 2
+    assert clauses.find("testcase[@name='verdict']/failure") is not None
     assert clauses.find("testcase[@name='CANCEL-04']/failure") is not None
     unsupported = clauses.find("testcase[@name='BASE-03']/failure")
     assert unsupported is not None and unsupported.get("message", "").startswith("not supported: ")
-    assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()))
+    assert suites["vulkan.clauses"].get("skipped") == str(len(registry.clauses()) + 1)
     report = (tmp_path / "report.md").read_text()
     assert "| cpu | available | **not certified** |" in report and "### cpu: b (fail)" in report
 
@@ -277,7 +279,8 @@ def test_a_dashboard_shows_a_certified_run_green_and_a_failed_clause_red(tmp_pat
     red = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, red_cases, ["CANCEL-04", "BASE-02"])
     results.write_all(red, tmp_path / "red")
     counts = _dashboard(tmp_path / "red" / "junit.xml")
-    assert counts == {"cpu.clauses": (1, 0, ["BASE-02"]), "cpu": (0, 0, [])}, counts
+    # the clause, and the verdict: not certified
+    assert counts == {"cpu.clauses": (2, 0, ["BASE-02", "verdict"]), "cpu": (0, 0, [])}, counts
     message = ET.parse(tmp_path / "red" / "junit.xml").find(".//testcase[@name='BASE-02']/failure").get("message")
     assert escaped in message
 

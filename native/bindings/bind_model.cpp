@@ -104,7 +104,12 @@ void bind_model(py::module_ & m) {
     py::class_<Model, std::shared_ptr<Model>>(m, "Model")
             .def_static("load", &load_model, py::arg("path"), py::arg("devices"), py::arg("gpu_layers"),
                         py::arg("trainable"))
-            .def("close", &Model::close)
+            .def("close",
+                 [](Model & self) {
+                     // not while a save or another thread's read of the weights is running on it
+                     WeightsBusy weights(self, WeightsGuard::Nesting::refused);
+                     self.close();
+                 })
             .def_property_readonly("closed", [](const Model & self) { return self.model == nullptr; })
             .def_readonly("trainable", &Model::trainable)
             .def_property_readonly(

@@ -314,9 +314,14 @@ void bind_trainer(py::module_ & m) {
                     },
                     py::arg("writes"), py::arg("iteration"))
             .def("snapshot", [](Trainer & t) {
-                // the weights and their AdamW moments of one step: the context's guard, then the weights'
-                Busy busy(t.held(), CallGuard::Nesting::allowed);
-                WeightsBusy weights(*t.held().model, WeightsGuard::Nesting::allowed);
+                // the weights and their AdamW moments of one step, at a boundary: the weights' guard,
+                // then the context's (call_guard.h), waited for without the GIL
+                std::optional<TrainingCall> call;
+                {
+                    WithoutGil release;
+                    call.emplace(&t.held(), GateGuard::Nesting::allowed);
+                }
+                t.check_checkpoint_state();
                 llama_model * model = t.held().model->get();
                 py::dict params, moments;
                 for (int32_t i = 0; i < llama_model_n_tensors(model); ++i) {

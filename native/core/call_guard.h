@@ -6,9 +6,13 @@
 // a close from another thread during an epoch freed the scheduler under the running compute.
 //
 // One writer or reader of a model's weights at a time: a training call holds its model's weights
-// for its whole run (after its context: always in that order), and every read or write of them
-// through the API (a weight, every parameter, a checkpoint taken or restored) waits for it, so
-// that a snapshot taken while another thread trains is one step's, never two steps' mixed.
+// for its whole run, and every read or write of them through the API (a weight, every parameter, a
+// checkpoint taken or restored, the model saved or closed) waits for it, so that a snapshot taken
+// while another thread trains is one step's, never two steps' mixed. Whoever takes both takes the
+// weights first, then the context: a thread that holds a context's gate never waits for weights
+// (its callbacks may read them, nested, only while it holds them), so a training call's callback
+// may call into another context of the model without a cycle. A decode reads the weights without
+// their gate: decoding on one context of a model while another trains it reads weights mid-step.
 #pragma once
 
 #include "errors.h"
@@ -79,20 +83,25 @@ public:
                     "a callback may not write the weights of the model whose training call is running it") {}
 };
 
-// What a training call holds for its whole run: its context, then its model's weights. Empty
-// under seeded defect TX-OWN-04.unguarded-training (constructed with no context).
+// What a training call (or a checkpoint written or read) holds for its whole run: its model's
+// weights, then its context. A call from the thread inside a call of that context (a callback) is
+// refused as CallGuard refuses it, before any wait. Empty under seeded defect
+// TX-OWN-04.unguarded-training (constructed with no context).
 class TrainingCall {
 public:
-    explicit TrainingCall(Context * c) {
+    explicit TrainingCall(Context * c, GateGuard::Nesting nesting = GateGuard::Nesting::refused) {
         if (c) {
-            call_.emplace(*c);
-            weights_.emplace(*c->model);
+            if (nesting == GateGuard::Nesting::refused && c->calls.owner.load() == std::this_thread::get_id()) {
+                CallGuard refused(*c);  // throws the context's refusal
+            }
+            weights_.emplace(*c->model, nesting);
+            call_.emplace(*c, nesting);
         }
     }
 
 private:
-    std::optional<CallGuard> call_;
     std::optional<WeightsGuard> weights_;
+    std::optional<CallGuard> call_;
 };
 
 }  // namespace retro

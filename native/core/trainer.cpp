@@ -207,8 +207,8 @@ void Trainer::micro_batch(const int32_t * tokens, const int32_t * labels, int32_
 }
 
 void Trainer::restore(const std::vector<TensorWrite> & writes, std::optional<int64_t> iteration) {
-    CallGuard call(held());
-    WeightsGuard weights(*held().model);
+    const TrainingCall call(&held());
+    check_checkpoint_state();  // under the guards: no epoch can move the period in between
     std::vector<ggml_tensor *> targets;
     targets.reserve(writes.size());
     for (const TensorWrite & w : writes) {  // every target and size first: nothing is half written
@@ -232,6 +232,18 @@ void Trainer::restore(const std::vector<TensorWrite> & writes, std::optional<int
             throw std::invalid_argument("the optimizer iteration starts at 1");
         }
         ggml_opt_set_iter(opt(), *iteration);
+    }
+}
+
+void Trainer::check_checkpoint_state() {
+    if (poisoned()) {
+        throw Error(ErrorKind::Poisoned,
+                    "an earlier backend compute failed; recreate the trainer and restore a checkpoint");
+    }
+    if (period_position() != 0) {
+        throw Error(ErrorKind::InvalidState, std::to_string(period_position()) +
+                                                     " micro-batches into an accumulation period: a checkpoint is "
+                                                     "taken and restored at a boundary (after an optimizer step)");
     }
 }
 

@@ -126,6 +126,9 @@ public:
         std::size_t count;
     };
     void restore(const std::vector<TensorWrite> & writes, std::optional<int64_t> iteration);
+    // a checkpoint is read or written only at an accumulation boundary of a trainer that is not
+    // poisoned (called under the guards of the call that reads or writes it)
+    void check_checkpoint_state();
 
     // the packed-topology cache of the fork (llama_opt_set_topology_cache), its counters, and the
     // walk of its entry's graphs: (sources that are not their own tensors, stale compute addresses)

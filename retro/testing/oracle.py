@@ -30,5 +30,6 @@ def upstream_epoch(trainer: Trainer, dataset: TokenDataset, *, val_fraction: flo
         )
     # upstream's loop asserts on an id past the vocabulary: a typed error here, before anything native
     dataset._check_ids(trainer.context.model.n_vocab)
+    split = dataset.width > trainer.context.training_ubatch  # read before: the context may be closed after
     m = trainer._h.upstream_epoch(dataset.tokens, dataset.labels, n_train)
-    return EpochMetrics._from_native(m, dataset.width > trainer.context.training_ubatch)
+    return EpochMetrics._from_native(m, split)

@@ -47,8 +47,13 @@ def certify(clause: str) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         cmd = ["retro-conformance", "certify", "--backend", "cpu,rpc", "--clauses", clause, "--no-defects"]
-        subprocess.run([*cmd, "-j", "2", "--out", str(out)], capture_output=True, text=True)
+        run = subprocess.run([*cmd, "-j", "2", "--out", str(out)], capture_output=True, text=True)
+        if not (out / "results.json").exists():
+            return "not judged", f"the harness failed (exit {run.returncode}): {run.stderr.strip()[-300:]}"
         res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    absent = [n for n, b in res["backends"].items() if b["status"] != "available"]
+    if absent:
+        return "not judged", f"backend(s) not available: {', '.join(absent)}"
     runs = [c for c in res["cases"] if clause in c["clauses"] and c["defect"] is None]
     bound = [c for c in runs if c["outcome"] == "fail" and f"{clause}:" in (c["message"] or "")]
     if bound:
@@ -57,8 +62,8 @@ def certify(clause: str) -> tuple[str, str]:
     if crashed:
         return "crash", (crashed[0]["message"] or "").strip().splitlines()[0][:300]
     other = [c for c in runs if c["outcome"] != "pass"]
-    if other:
-        return "escaped", f"{other[0]['outcome']}: {(other[0]['message'] or '').strip()[:300]}"
+    if other:  # not supported, an expected failure: nothing was judged there
+        return "not judged", f"{other[0]['outcome']}: {(other[0]['message'] or '').strip()[:300]}"
     return "escaped", "every check of the clause passed"
 
 
@@ -69,11 +74,18 @@ def main() -> int:
     args = ap.parse_args()
     defects = tomllib.loads((args.round / "defects.toml").read_text(encoding="utf-8"))["defect"]
     verdicts = args.round / "verdicts.txt"
-    done = {ln.split()[0] for ln in verdicts.read_text(encoding="utf-8").splitlines()} if verdicts.exists() else set()
+    lines = verdicts.read_text(encoding="utf-8").splitlines() if verdicts.exists() else []
+    done = {ln.split()[0] for ln in lines if not ln.split(" at ")[0].endswith("not judged")}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    try:
+        judge_each([d for d in defects if d["id"] not in done], args.clause, verdicts, head.strip())
+    finally:
+        rebuild()  # the sources are restored: the build is too
+    return 0
+
+
+def judge_each(defects: list[dict], clause: str, verdicts: Path, head: str) -> None:
     for d in defects:
-        if d["id"] in done:
-            continue
         rel = d["file"].removeprefix("llama.cpp/")
         path = FORK / rel if d["file"].startswith("llama.cpp/") else REPO / rel
         text = path.read_text(encoding="utf-8")
@@ -82,19 +94,19 @@ def main() -> int:
         except ValueError as err:
             verdict, why = "not applied", str(err)
         else:
-            path.write_text(text.replace(line, d["mutated"], 1), encoding="utf-8")
+            lines = text.split("\n")
+            lines[lines.index(line)] = d["mutated"]  # the whole line, never a part of a longer one
+            path.write_text("\n".join(lines), encoding="utf-8")
             try:
                 rebuild()
-                verdict, why = certify(args.clause)
+                verdict, why = certify(clause)
             except subprocess.CalledProcessError as err:
                 verdict, why = "invalid", f"the build failed ({err.returncode})"
             finally:
                 path.write_text(text, encoding="utf-8")
         with verdicts.open("a", encoding="utf-8") as f:
-            f.write(f"{d['id']} {verdict} at {head.strip()}: {why}\n")
+            f.write(f"{d['id']} {verdict} at {head}: {why}\n")
         print(d["id"], verdict, why, flush=True)
-    rebuild()
-    return 0
 
 
 if __name__ == "__main__":
