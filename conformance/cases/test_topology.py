@@ -97,9 +97,12 @@ def _run(
     accumulation=1,
     opt=None,
     sequences=1,
+    held_after_each_step: str | None = None,
 ):
     """`steps(trainer, context, run)` drives the trainer; every micro-batch of its epochs records
-    the fork's observations."""
+    the fork's observations. `held_after_each_step` names a clause that asserts, after each step
+    and before the next one runs, that the one entry is held and ran in the allocations its misses
+    made (a broken entry may abort the interpreter a few steps later)."""
     run = _Run()
     with (
         support.load(backend, model_path) as model,
@@ -121,7 +124,14 @@ def _run(
                 run.walks.append(topology_walk(tr))
                 contexts, buffers = live_allocations()
                 run.live.append((contexts, buffers))
-                run.entry.append(tr.topology_cache.has_entry)
+                stats = tr.topology_cache
+                run.entry.append(stats.has_entry)
+                if held_after_each_step and stats.enabled:
+                    expect(
+                        held_after_each_step,
+                        stats.has_entry and stats.allocations <= stats.misses,
+                        f"after step {len(run.entry)}: {stats}",
+                    )
                 return True
 
             run.observe = observe
@@ -434,7 +444,7 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
     first period repeat those of the first period."""
     n_vocab = _n_vocab(backend, model_path)
     alternating = [_top_k(n_vocab, seed + i, 4 if i % 2 == 0 else 2) for i in range(4)]
-    on = _run(backend, model_path, "forced", _epochs(alternating, 0.5))
+    on = _run(backend, model_path, "forced", _epochs(alternating, 0.5), held_after_each_step="TOPO-06")
     with bound("TOPO-06"):
         assert on.stats.misses_by["targets"] >= 3, f"the target counts did not alternate: {on.stats}"
         assert on.stats.hits >= 4, f"the evaluations did not run the training's entry: {on.stats}"
@@ -445,7 +455,7 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
         grown = [(i, lv) for i, lv in enumerate(on.live[2:], start=2) if lv not in first]
         assert not grown, f"live contexts and buffers grew after the first epoch: {grown[:3]} (first {first})"
     data = [_data(n_vocab, seed + i, windows=2) for i in range(3)]
-    hits = _run(backend, model_path, "forced", _epochs(data), accumulation=2)
+    hits = _run(backend, model_path, "forced", _epochs(data), accumulation=2, held_after_each_step="TOPO-06")
     with bound("TOPO-06"):
         assert hits.stats.hits >= 4 and all(hits.entry), f"training alone did not hit the entry: {hits.stats}"
         period = set(hits.live[:2])  # two micro-batches per epoch, one period
