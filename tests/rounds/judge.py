@@ -5,6 +5,8 @@ it is made (a round stopped anywhere goes on from that file: a judged defect is 
 
     python tests/rounds/judge.py tests/rounds/2026-12-07-TOPO-06 --clause TOPO-06
 
+A defect that names its own `clause` is judged against it; --clause is the round's default.
+
 A defect's `original` is as the reviewer's release view showed it: where the view read `false` for
 a seeded-defect switch (and dropped its comment), the line it stands for is found by that pattern.
 The verdict is `caught` when a check of the clause failed on an assertion bound to the clause,
@@ -70,7 +72,7 @@ def certify(clause: str) -> tuple[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("round", type=Path)
-    ap.add_argument("--clause", required=True)
+    ap.add_argument("--clause", default=None, help="the clause of defects that name none")
     args = ap.parse_args()
     defects = tomllib.loads((args.round / "defects.toml").read_text(encoding="utf-8"))["defect"]
     verdicts = args.round / "verdicts.txt"
@@ -84,22 +86,24 @@ def main() -> int:
     return 0
 
 
-def judge_each(defects: list[dict], clause: str, verdicts: Path, head: str) -> None:
+def judge_each(defects: list[dict], clause: str | None, verdicts: Path, head: str) -> None:
     for d in defects:
         rel = d["file"].removeprefix("llama.cpp/")
         path = FORK / rel if d["file"].startswith("llama.cpp/") else REPO / rel
         text = path.read_text(encoding="utf-8")
+        # a defect written on a line changed since the view names how it applies to the line now
+        original, mutated = d.get("applied_original", d["original"]), d.get("applied_mutated", d["mutated"])
         try:
-            line = locate(text, d["original"])
+            line = locate(text, original)
         except ValueError as err:
             verdict, why = "not applied", str(err)
         else:
             lines = text.split("\n")
-            lines[lines.index(line)] = d["mutated"]  # the whole line, never a part of a longer one
+            lines[lines.index(line)] = mutated  # the whole line, never a part of a longer one
             path.write_text("\n".join(lines), encoding="utf-8")
             try:
                 rebuild()
-                verdict, why = certify(clause)
+                verdict, why = certify(d.get("clause") or clause)
             except subprocess.CalledProcessError as err:
                 verdict, why = "invalid", f"the build failed ({err.returncode})"
             finally:
