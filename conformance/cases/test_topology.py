@@ -427,9 +427,10 @@ def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backe
         )
     _same_as_oracle("TOPO-05", backend, on, off, "events between epochs")
 
-    how = {"n_ubatch": WIDTH // 2, "accumulation": 2}
-    off = _run(backend, model_path, False, _no_allocation_at_a_hit(n_vocab, seed), **how)
-    on = _run(backend, model_path, "forced", _no_allocation_at_a_hit(n_vocab, seed), **how)
+    off = _run(backend, model_path, False, _no_allocation_at_a_hit(n_vocab, seed), n_ubatch=WIDTH // 2, accumulation=2)
+    on = _run(
+        backend, model_path, "forced", _no_allocation_at_a_hit(n_vocab, seed), n_ubatch=WIDTH // 2, accumulation=2
+    )
     for name, hits, failed, has in on.seen:
         expect("TOPO-05", hits > 0 and failed == 0 and has, f"{name}: {hits} hits, {failed} failed, entry {has}")
     _same_as_oracle("TOPO-05", backend, on, off, "an epoch of hits with the allocation site armed, accumulation 2")
