@@ -468,6 +468,14 @@ def list_clauses(args: argparse.Namespace) -> int:
         defects = registry.defects_of(c.id)
         flag = f" [seeded defects: {', '.join(defects)}]" if defects else ""
         print(f"{c.id:10} {c.text[:100]}{flag} [reviewers' defects: {registry.reviewed_summary(c.id)}]")
+    ds = registry.reviewed_defects().values()
+    wanted = registry.OWN_CATCHES_WANTED
+    short = [c for c in registry.clauses() if registry.own_catches(c) < wanted]
+    print(
+        f"reviewers' defects by the rule (own clause, first judgment): {sum(d.counts for d in ds)} of {len(ds)} "
+        f"counted; {len(registry.clauses()) - len(short)} of {len(registry.clauses())} clauses have {wanted}"
+        + (f"; short: {', '.join(short)}" if short else "")
+    )
     return 0
 
 

@@ -182,6 +182,15 @@ class ReviewedDefect:
     still_open: str = ""  # an escape no check catches yet: what it takes (a finding, named, not hidden)
     equivalent: str = ""  # an escape that cannot change what the binding does: why (as a mutant's)
 
+    @property
+    def counts(self) -> bool:
+        """Counted for its clause by the published rule: its own clause's assertion caught it at first
+        judgment (a catch by another clause, or by a check grown since, proves nothing for this one)."""
+        return self.first_judgment == "caught" and self.clause in self.caught_by
+
+
+# what a clause needs by the rule before its reviewers' evidence is enough (tests/test_conformance_registry.py)
+OWN_CATCHES_WANTED = 3
 
 FIRST_JUDGMENTS = ("caught", "escaped", "out of clause")
 
@@ -214,18 +223,27 @@ def reviewed_of(clause: str) -> list[ReviewedDefect]:
     return [d for d in reviewed_defects().values() if d.clause == clause]
 
 
+def own_catches(clause: str) -> int:
+    """The clause's reviewers' defects that count by the rule (ReviewedDefect.counts)."""
+    return sum(d.counts for d in reviewed_of(clause))
+
+
 def reviewed_summary(clause: str) -> str:
-    """How a clause's reviewers' defects stand: caught at first judgment, caught since an escape,
-    equivalent, still open, out of the clause (empty parts left out)."""
+    """How a clause's reviewers' defects stand, counted by the rule first: caught by its own clause at
+    first judgment; then beside it what does not count, each with its name: caught only by another
+    clause, escapes caught since, equivalent, still open, out of the clause (empty parts left out)."""
     ds = reviewed_of(clause)
-    parts = {
-        "caught at first judgment": sum(d.first_judgment == "caught" for d in ds),
-        "caught since": sum(bool(d.caught_since) for d in ds),
-        "equivalent": sum(bool(d.equivalent) for d in ds),
-        "still open": sum(bool(d.still_open) for d in ds),
+    beside = {
+        "caught only by another clause": sum(d.first_judgment == "caught" and not d.counts for d in ds),
+        "escaped, caught since": sum(bool(d.caught_since) for d in ds),
+        "escaped, equivalent": sum(bool(d.equivalent) for d in ds),
+        "escaped, still open": sum(bool(d.still_open) for d in ds),
         "out of clause": sum(d.first_judgment == "out of clause" for d in ds),
     }
-    return f"{len(ds)} ({', '.join(f'{n} {k}' for k, n in parts.items() if n)})" if ds else "0"
+    rest = ", ".join(f"{n} {k}" for k, n in beside.items() if n)
+    return f"{sum(d.counts for d in ds)} of {len(ds)} counted (own clause, first judgment)" + (
+        f"; {rest}" if rest else ""
+    )
 
 
 def defects_of(clause: str, backend: str | None = None) -> list[str]:

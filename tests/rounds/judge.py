@@ -7,8 +7,9 @@ it is made (a round stopped anywhere goes on from that file: a judged defect is 
 
 A defect that names its own `clause` is judged against it; --clause is the round's default.
 
-A defect's `original` is as the reviewer's release view showed it: where the view read `false` for
-a seeded-defect switch (and dropped its comment), the line it stands for is found by that pattern.
+A defect's `original` is as the reviewer's release view showed it (tests/rounds/release_view.py):
+where the view read `false` (`False`) for a seeded-defect switch and dropped its comment, the line
+it stands for is found by that pattern.
 The verdict is `caught` when a check of the clause failed on an assertion bound to the clause,
 `crash` when one died, `escaped` when the clause passed, each with the commit that judged it."""
 
@@ -23,9 +24,10 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from release_view import NATIVE_SWITCH, PYTHON_SWITCH
+
 REPO = Path(__file__).resolve().parents[2]
 FORK = REPO / "build" / "dev" / "llama.cpp"
-SWITCH = r"retro_defect_on\(RETRO_DEFECT_[A-Z0-9_]+\)"
 
 
 def locate(text: str, original: str) -> str:
@@ -33,8 +35,9 @@ def locate(text: str, original: str) -> str:
     lines = text.splitlines()
     hits = [ln for ln in lines if ln == original]
     if not hits:
-        pattern = re.escape(original.rstrip()).replace(re.escape("false"), f"(?:false|{SWITCH})")
-        hits = [ln for ln in lines if re.fullmatch(pattern + r"\s*(//.*)?", ln)]
+        pattern = re.escape(original.rstrip()).replace("false", f"(?:false|{NATIVE_SWITCH.pattern})")
+        pattern = pattern.replace("False", f"(?:False|{PYTHON_SWITCH.pattern})")
+        hits = [ln for ln in lines if re.fullmatch(pattern + r"\s*((//|#).*)?", ln)]
     if len(hits) != 1:
         raise ValueError(f"{len(hits)} lines stand for {original!r}")
     return hits[0]
