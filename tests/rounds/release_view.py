@@ -5,6 +5,9 @@ points at a seeded defect, and without the harness (conformance/, tests/) or any
 
     python tests/rounds/release_view.py /tmp/view llama.cpp/src/llama-context.cpp ...
 
+A clause that governs the harness itself (HARNESS-08's gate) names its harness files the same way
+(conformance/gate.py); its checks (conformance/cases/) are never in a view.
+
 A defect written on the view names its line as the view shows it; tests/rounds/judge.py finds the
 line a `false` (or `False`) stands for."""
 
@@ -49,8 +52,9 @@ def write_view(dest: Path, fork_files: list[str]) -> list[Path]:
         for path in sorted(root.rglob("*")):
             if path.suffix in SOURCES and "__pycache__" not in path.parts and path.name != "defects.h":
                 written.append(_copy(path, dest / rel / path.relative_to(root)))
-    for name in fork_files:
-        written.append(_copy(FORK / name.removeprefix("llama.cpp/"), dest / name))
+    for name in fork_files:  # a fork file as llama.cpp/<path>; a harness file a clause governs by its path here
+        src = FORK / name.removeprefix("llama.cpp/") if name.startswith("llama.cpp/") else REPO / name
+        written.append(_copy(src, dest / name))
     return written
 
 
@@ -63,7 +67,11 @@ def _copy(src: Path, dst: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("dest", type=Path)
-    ap.add_argument("fork_files", nargs="*", help="files of the patched fork, as llama.cpp/<path>")
+    ap.add_argument(
+        "fork_files",
+        nargs="*",
+        help="files of the patched fork, as llama.cpp/<path>, or of the harness a clause governs",
+    )
     args = ap.parse_args()
     if args.dest.exists():
         shutil.rmtree(args.dest)
