@@ -82,10 +82,12 @@ def main() -> int:
     lines = verdicts.read_text(encoding="utf-8").splitlines() if verdicts.exists() else []
     done = {ln.split()[0] for ln in lines if not ln.split(" at ")[0].endswith("not judged")}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    todo = [d for d in defects if d["id"] not in done]
     try:
-        judge_each([d for d in defects if d["id"] not in done], args.clause, verdicts, head.strip())
+        judge_each(todo, args.clause, verdicts, head.strip())
     finally:
-        rebuild()  # the sources are restored: the build is too
+        if any(not d["file"].endswith(".py") for d in todo):
+            rebuild()  # the sources are restored: the build is too
     return 0
 
 
@@ -105,7 +107,8 @@ def judge_each(defects: list[dict], clause: str | None, verdicts: Path, head: st
             lines[lines.index(line)] = mutated  # the whole line, never a part of a longer one
             path.write_text("\n".join(lines), encoding="utf-8")
             try:
-                rebuild()
+                if path.suffix != ".py":  # the editable install reads Python sources where they are
+                    rebuild()
                 verdict, why = certify(d.get("clause") or clause)
             except subprocess.CalledProcessError as err:
                 verdict, why = "invalid", f"the build failed ({err.returncode})"
