@@ -158,9 +158,10 @@ def against_oracle(clause: str, observation: str, actual: np.ndarray, expected: 
 
 def on_path(*paths: str) -> None:
     """Record that the case has just run these paths (name=value, as the registry names them), on
-    the backend under test. A path a check drives inside a case (@pytest.mark.drives) counts for
-    its clauses only once recorded here; a check's parameters count when its intact run passes.
-    Outside a conformance case it is dropped."""
+    the backend under test, after the assertions that prove them held. This is the only way a path
+    counts for a case's clauses (when its intact run passes): a check's parameters, or its
+    @pytest.mark.drives, say what it means to drive, not what ran. Outside a conformance case it
+    is dropped."""
     if _ledger is not None:
         _ledger.paths.update(paths)
 

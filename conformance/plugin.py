@@ -39,10 +39,9 @@ class Variant:
 
 
 class CaseMeta:
-    def __init__(self, case: str, clauses: list[str], variant: Variant, params: list[str]) -> None:
+    def __init__(self, case: str, clauses: list[str], variant: Variant) -> None:
         self.case, self.clauses, self.variant = case, clauses, variant
-        self.params = params  # the check's parameters but the backend, as paths (name=value)
-        # of an intact run that returned: the clauses it asserted through and the paths it ran
+        # of an intact run that returned: the clauses it asserted through and the paths it recorded
         self.asserted: list[str] = []
         self.ran: list[str] = []
         self.outcome: str | None = None
@@ -160,7 +159,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = [f"{k}={v}" for k, v in callspec.params.items() if k != "backend"]
         if params:
             case += f"[{','.join(params)}]"
-        item.stash[_META] = CaseMeta(case, list(marker.args), variant, params)
+        item.stash[_META] = CaseMeta(case, list(marker.args), variant)
     report = config.getoption("--paths-report")
     if report:
         Path(report).write_text(json.dumps(_driven_paths(items), indent=1, sort_keys=True), encoding="utf-8")
@@ -225,9 +224,10 @@ def pytest_runtest_call(item: pytest.Item):
             silent = [c for c in meta.clauses if c not in ledger.asserted]
             if silent:
                 raise pytest.fail.Exception(f"cites {', '.join(silent)} but never asserted through it", pytrace=False)
-            # what ran here, read at run time: a check that returned early, or ended "not
-            # supported", ran none of its paths (results.clause_status requires each, per backend)
-            meta.asserted, meta.ran = sorted(ledger.asserted), sorted({*meta.params, *ledger.paths})
+            # what ran here is what the case recorded with on_path after the assertions that prove
+            # it: a parameter's value alone is not a path run (a check that returned early, or ended
+            # "not supported", ran none; results.clause_status requires each, per backend)
+            meta.asserted, meta.ran = sorted(ledger.asserted), sorted(ledger.paths)
             return result
         try:
             yield

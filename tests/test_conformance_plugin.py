@@ -154,3 +154,24 @@ def test_the_clause_filter_deselects_other_checks(pytester):
     )
     _, recs = _results(pytester, "--clauses=HARNESS-06")
     assert {r["id"] for r in recs} == {"test_x.py::test_a"}  # intact and its defect run
+
+
+def test_a_path_counts_only_when_the_case_records_it_after_its_assertions(pytester):
+    """TX-ACC-09's values as parameters: the case that returns early for +inf after a generic
+    assertion ran no path; only on_path, reached after the assertions that prove it, credits one."""
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+        from retro.conformance.evidence import expect, on_path
+        @pytest.mark.clause("TX-ACC-09")
+        @pytest.mark.parametrize("value", ["nan", "+inf"])
+        def test_x(backend, value):
+            expect("TX-ACC-09", True)
+            if value == "+inf":
+                return
+            on_path(f"value={value}")
+    """
+    )
+    _, recs = _results(pytester, "--backend=cpu", "--no-defects")
+    ran = {r["nodeid"].split("[")[1]: r["paths"] for r in recs if r["outcome"] == "pass"}
+    assert ran == {"cpu-nan]": ["value=nan"], "cpu-+inf]": []}, ran

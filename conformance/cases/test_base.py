@@ -59,6 +59,7 @@ def test_each_step_applies_only_its_own_period(backend, model_path, seed, accumu
     split, _ = _train(backend, model_path, ds, optimizer=sgd, accumulation=accumulation, split=accumulation)
     with bound("BASE-01"):
         support.assert_params_equal(split, in_one_call, backend, "steps split over two calls vs one call")
+    on_path(f"accumulation={accumulation}")
 
 
 @pytest.mark.clause("BASE-01")
@@ -85,6 +86,7 @@ def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, see
     )
     with bound("BASE-01"):
         support.assert_params_equal(with_eval, without, backend, "trained with an eval tail vs without")
+    on_path(f"accumulation={accumulation}")
 
 
 # not BASE-01: upstream's loop runs on the same patched library, so a missing accumulator reset
@@ -123,6 +125,7 @@ def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch,
             backend,
             "train/eval losses and accuracies vs upstream's",
         )
+    on_path(f"n_ubatch={n_ubatch}", f"accumulation={accumulation}")
 
 
 @pytest.mark.clause("BASE-02")
@@ -177,6 +180,7 @@ def test_the_thread_count_changes_no_parameter(backend, model_path, seed, thread
         expect("BASE-02", not adaptive and set(counts) == {ceiling}, f"a fixed count of {ceiling} moved: {counts}")
     with bound("BASE-02"):
         support.assert_params_equal(loaded, alone, backend, f"every core busy at threads={threads} vs idle at one")
+    on_path(f"threads={threads}")
 
 
 #: threads of the checking process kept busy: more than a machine running the certification runs
@@ -254,6 +258,7 @@ def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend
         f"{'it took this process own busy threads for others' if excess > 0 else 'it missed the others'} "
         f"(own, governor, elsewhere): {samples}",
     )
+    on_path(f"threads={threads}")
 
 
 @pytest.mark.clause("BASE-03")
@@ -435,6 +440,7 @@ def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed
     through the CPU. A wrong backward kernel or expansion, which every comparison of retro with
     retro, with upstream's loop or with the CPU would share, shows here."""
     _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, ("BASE-01",))
+    on_path(f"n_ubatch={n_ubatch}", f"head={head}", f"kind={kind}")
 
 
 @pytest.mark.clause("BASE-01", "BASE-03", "HOST-08")
@@ -447,3 +453,4 @@ def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_pat
     summed, on both heads (HOST-08), and that gradient is its own period's (BASE-01); in
     micro-batches of a quarter window too, where each reads its own stretch of the k targets."""
     _steps_against_numpy(backend, model_path, seed, "top-k", head, n_ubatch, ("BASE-01", "HOST-08"))
+    on_path(f"n_ubatch={n_ubatch}", f"head={head}")

@@ -13,7 +13,7 @@ import pytest
 import retro
 import retro.fault_injection as fi
 from retro.conformance import support
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 
 WINDOWS_TRAIN, WINDOWS_EVAL, UBATCH = 2, 1, 64
 PER_WINDOW = 256 // UBATCH
@@ -125,6 +125,7 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                 swept == [(p.train, p.done) for p in whole],
                 f"cancelled at {swept}, but an uncancelled epoch reported {[(p.train, p.done) for p in whole]}",
             )
+    on_path(f"optimizer={optimizer}", f"accumulation={accumulation}")
 
 
 @pytest.mark.clause("CANCEL-03")
@@ -148,6 +149,7 @@ def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optim
             support.assert_params_equal(
                 cancelled, reference, backend, f"cancelled at {k} vs the first {k} micro-batches"
             )
+    on_path(f"optimizer={optimizer}", f"accumulation={accumulation}")
 
 
 @pytest.mark.clause("CANCEL-04")
@@ -202,6 +204,9 @@ def test_an_incomplete_period_never_reaches_a_later_call(
         reference = model.parameters()
     with bound("CANCEL-04"):
         support.assert_params_equal(cancelled, reference, backend, "after a discarded period vs never seeing it")
+    on_path(
+        f"cancelled_by={cancelled_by}", f"cancelled_in={cancelled_in}", f"optimizer={optimizer}"
+    )
 
 
 @pytest.mark.clause("CANCEL-01")

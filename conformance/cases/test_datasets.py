@@ -14,7 +14,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import Bound, against_oracle, bound, expect, nmse, within
+from retro.conformance.evidence import Bound, against_oracle, bound, expect, nmse, on_path, within
 from retro.testing import micro_batch, staged_targets, target_arrays, upstream_epoch
 
 WIDTH = 256
@@ -107,6 +107,7 @@ def test_the_callers_arrays_are_read_in_place_and_not_kept(backend, model_path, 
             expect(
                 "HOST-01", not alive, f"the caller dropped the dataset, yet its {alive} live on: something kept them"
             )
+    on_path(f"kind={kind}")
 
 
 @pytest.mark.clause("HOST-05")
@@ -197,6 +198,7 @@ def test_top_k_batches_keep_no_vocabulary_wide_rows(backend, seed, tmp_path_fact
             f"{head} head, vocab {n_vocab}: target arrays held {held} elements over {len(steps)} steps, "
             f"{per_step} = (2k{' + 1' if head == 'fused' else ''}) x tokens needed",
         )
+    on_path(f"head={head}")
 
 
 @pytest.mark.clause("HOST-07")
@@ -227,6 +229,7 @@ def test_label_rows_are_written_whole_on_every_pass(backend, model_path, seed, k
     for i, (where, loss, expected) in enumerate(losses):
         off = abs(loss - expected) / abs(expected)
         within("HOST-07", NUMPY_LOSS, f"{kind} step {i // 2 + 1}, {where}: loss vs numpy's", off)
+    on_path(f"kind={kind}")
 
 
 def _logits(backend, model_path, tokens: np.ndarray) -> np.ndarray:
@@ -337,3 +340,4 @@ def test_repeated_target_ids_add_their_weights(backend, model_path, seed, head):
                 on_cpu[name] - start[name],
                 UPDATE_NMSE,
             )
+    on_path(f"head={head}")

@@ -179,6 +179,9 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
                     asked[:1] == [completed_steps],
                     f"{site} at {k}: the next call asked the schedule for steps {asked[:2]}, not {completed_steps}",
                 )
+    on_path(
+        f"site={site}", f"optimizer={optimizer}", f"accumulation={accumulation}", f"start={start}"
+    )
 
 
 def _unlike_a_fresh_sequence(ctx: retro.Context) -> str | None:
@@ -392,6 +395,7 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
             runs.append(model.parameters())
     with bound("FAIL-05"):
         support.assert_params_equal(runs[0], runs[1], backend, f"{site} failure then a call vs that call alone")
+    on_path(f"site={site}")
 
 
 @pytest.mark.clause("FAIL-07")
@@ -444,6 +448,7 @@ def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed
         completed = model.parameters()
     with bound("FAIL-06"):
         support.assert_params_equal(failed, completed, backend, f"{site} failure at {k} vs the {k - 1} steps before it")
+    on_path(f"site={site}")
 
 
 @pytest.mark.clause("FAIL-08")
@@ -650,3 +655,4 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                 f"{site}: the sweep failed hits {[i.hit for i in result.injections]} and completed after "
                 f"{result.completed_after}; the clean epoch passed the site {totals[site]} times",
             )
+    on_path(f"persistent={persistent}")

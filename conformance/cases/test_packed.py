@@ -172,6 +172,7 @@ def test_the_row_plan_is_the_reference_and_built_once_per_call(backend, model_pa
         support.assert_params_equal(
             rewritten_mid_call, as_planned, backend, "memberships rewritten mid-call vs the call's own plan"
         )
+    on_path(f"n_ubatch={n_ubatch}")
 
 
 @pytest.mark.clause("HOST-04")

@@ -15,7 +15,7 @@ import pytest
 import retro
 import retro.rpc
 from retro.conformance import backends, support
-from retro.conformance.evidence import Bound, against_oracle, bound, expect
+from retro.conformance.evidence import Bound, against_oracle, bound, expect, on_path
 from retro.conformance.plugin import not_supported
 
 DEADLINE_S = 3.0  # of each send and receive on the links these checks make
@@ -235,3 +235,4 @@ def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(ba
                 tr.epoch(ds)
                 after = model.parameters()
     support.assert_params_equal(after, oracle, backend, f"{when}: trained after the failure")
+    on_path(f"when={when}")

@@ -57,9 +57,10 @@ def bad_epochs(draw: st.DrawFn, n_vocab: int) -> dict:
     return {"dataset": lambda: retro.TokenDataset(tokens, labels), **kwargs}
 
 
-def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[], object], type, str]]:
+def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callable[[], object], type, str]]:
     """Every check a dataset, a packing, a trainer's schedule or an epoch call makes of its
-    input, each met alone: (what, the call, the typed error, what its message names)."""
+    input, each met alone: (the input, as SHAPE-01's paths name it; what; the call; the typed
+    error; what its message names)."""
     ctx = tr.context
     t = np.zeros((1, 256), np.int32)
     w = np.ones((1, 256), np.float32)
@@ -74,124 +75,168 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, Callable[[]
         out.flat[out.size // 2] = value  # mid-window: not only the first element is read
         return out
 
-    return [
+    by_input = {
         # token windows, cut from a stream or given
-        ("a stream of floats", lambda: Token.from_tokens(stream.astype(np.float32), width=256), TypeError, "integers"),
-        ("a 2-D stream", lambda: Token.from_tokens(stream.reshape(2, 150), width=64), ValueError, "1-D"),
-        ("a negative id in a stream", lambda: Token.from_tokens(with_one(stream, -1), width=256), ValueError, ">= 0"),
-        ("a window width of 0", lambda: Token.from_tokens(stream, width=0), ValueError, "width"),
-        ("a stride of 0", lambda: Token.from_tokens(stream, width=256, stride=0), ValueError, "stride"),
-        (
-            "a stream without a last label",
-            lambda: Token.from_tokens(stream[:256], width=256),
-            ValueError,
-            "cannot fill",
-        ),
-        ("tokens as a list", lambda: Token(support.hostile(t.tolist()), t), TypeError, "numpy array"),
-        ("labels of another shape", lambda: Token(t, t[:, :128].copy()), ValueError, "one shape"),
-        ("int64 tokens", lambda: Token(t.astype(np.int64), t), TypeError, "tokens must be int32"),
-        ("int64 labels", lambda: Token(t, t.astype(np.int64)), TypeError, "labels must be int32"),
-        ("strided labels", lambda: Token(t, np.zeros((1, 512), np.int32)[:, ::2]), ValueError, "C-contiguous"),
-        # Fortran order: contiguous, yet the binding would read a converted copy (two rows: a single
-        # row is C- and Fortran-contiguous at once)
-        ("Fortran-ordered labels", lambda: Token(t2, np.asfortranarray(t2)), ValueError, "C-contiguous"),
-        ("Fortran-ordered weights", lambda: Weighted(t2, t2, np.asfortranarray(w2)), ValueError, "C-contiguous"),
+        "token": [
+            (
+                "a stream of floats",
+                lambda: Token.from_tokens(stream.astype(np.float32), width=256),
+                TypeError,
+                "integers",
+            ),
+            ("a 2-D stream", lambda: Token.from_tokens(stream.reshape(2, 150), width=64), ValueError, "1-D"),
+            (
+                "a negative id in a stream",
+                lambda: Token.from_tokens(with_one(stream, -1), width=256),
+                ValueError,
+                ">= 0",
+            ),
+            ("a window width of 0", lambda: Token.from_tokens(stream, width=0), ValueError, "width"),
+            ("a stride of 0", lambda: Token.from_tokens(stream, width=256, stride=0), ValueError, "stride"),
+            (
+                "a stream without a last label",
+                lambda: Token.from_tokens(stream[:256], width=256),
+                ValueError,
+                "cannot fill",
+            ),
+            ("tokens as a list", lambda: Token(support.hostile(t.tolist()), t), TypeError, "numpy array"),
+            ("labels of another shape", lambda: Token(t, t[:, :128].copy()), ValueError, "one shape"),
+            ("int64 tokens", lambda: Token(t.astype(np.int64), t), TypeError, "tokens must be int32"),
+            ("int64 labels", lambda: Token(t, t.astype(np.int64)), TypeError, "labels must be int32"),
+            ("strided labels", lambda: Token(t, np.zeros((1, 512), np.int32)[:, ::2]), ValueError, "C-contiguous"),
+            # Fortran order: contiguous, yet the binding would read a converted copy (two rows: a single
+            # row is C- and Fortran-contiguous at once)
+            ("Fortran-ordered labels", lambda: Token(t2, np.asfortranarray(t2)), ValueError, "C-contiguous"),
+        ],
         # weighted windows: the caller's arrays, borrowed as they are
-        ("float64 weights", lambda: Weighted(t, t, w.astype(np.float64)), TypeError, "float32"),
-        ("3-D labels", lambda: Weighted(t, t[..., None], w), ValueError, "labels must be 2-D"),
-        ("strided tokens", lambda: Weighted(np.zeros((1, 512), np.int32)[:, ::2], t, w), ValueError, "C-contiguous"),
-        ("weights of another shape", lambda: Weighted(t, t, w[:, :128].copy()), ValueError, "one shape"),
-        ("a negative weight", lambda: tr.epoch(Weighted(t, t, with_one(w, -0.5))), ValueError, "dataset.weights"),
-        ("a NaN weight", lambda: tr.epoch(Weighted(t, t, with_one(w, np.nan))), ValueError, "dataset.weights"),
-        (
-            "a label id past the vocabulary",
-            lambda: tr.epoch(Weighted(t, with_one(t, n_vocab), w)),
-            ValueError,
-            "labels",
-        ),
-        # top-k targets
-        ("2-D ids", lambda: TopK(t, t, w), ValueError, "ids must be 3-D"),
-        ("ids and weights of other k", lambda: TopK(t, ids, kw[..., :1].copy()), ValueError, "shape x k"),
-        ("k past the native limit", lambda: TopK(t, *_k_wide(TopK.MAX_K + 1)), ValueError, "k must be in"),
-        ("a target id past the vocabulary", lambda: tr.epoch(TopK(t, with_one(ids, n_vocab), kw)), ValueError, "ids"),
-        ("an infinite target weight", lambda: tr.epoch(TopK(t, ids, with_one(kw, np.inf))), ValueError, "weights"),
-        # packed documents
-        ("documents that decrease", lambda: Packed(t, docs[:, ::-1].copy()), ValueError, "decrease"),
-        ("a document after padding", lambda: Packed(t, _with_padding(docs, 100, 28)), ValueError, "follows padding"),
-        ("a document index below padding", lambda: Packed(t, with_one(docs, -2)), ValueError, ">= 0"),
-        ("no tokens at all", lambda: Packed(t[:, :0].copy(), docs[:, :0].copy()), ValueError, "empty"),
-        ("documents of another shape", lambda: Packed(t, docs[:, :128].copy()), ValueError, "one shape"),
-        ("nothing to pack", lambda: Packed.pack([], width=256), ValueError, "no documents"),
-        ("a document past the window", lambda: Packed.pack([np.zeros(257, int)], width=256), ValueError, "more than"),
-        (
-            "weights for fewer documents",
-            lambda: Packed.pack([[1, 2]] * 2, width=8, weights=[[1, 1]]),
-            ValueError,
-            "for 2",
-        ),
-        ("a document's weights of another length", lambda: _pack_weighted([1.0]), ValueError, "weights of document 0"),
-        ("a document of floats", lambda: Packed.pack([np.zeros(4)], width=8), ValueError, "integer sequence"),
-        ("a negative id in a document", lambda: Packed.pack([[1, -2]], width=8), ValueError, "token ids"),
-        (
-            "more documents per micro-batch than sequences",
-            lambda: tr.epoch(Packed(t, _four_per_micro_batch())),
-            ValueError,
-            "sequences=",
-        ),
-        (
-            "a micro-batch that does not divide the window",
-            lambda: Packed(t, docs).sequences_needed(100),
-            ValueError,
-            "n_ubatch",
-        ),
+        "weighted": [
+            ("Fortran-ordered weights", lambda: Weighted(t2, t2, np.asfortranarray(w2)), ValueError, "C-contiguous"),
+            ("float64 weights", lambda: Weighted(t, t, w.astype(np.float64)), TypeError, "float32"),
+            ("3-D labels", lambda: Weighted(t, t[..., None], w), ValueError, "labels must be 2-D"),
+            (
+                "strided tokens",
+                lambda: Weighted(np.zeros((1, 512), np.int32)[:, ::2], t, w),
+                ValueError,
+                "C-contiguous",
+            ),
+            ("weights of another shape", lambda: Weighted(t, t, w[:, :128].copy()), ValueError, "one shape"),
+            ("a negative weight", lambda: tr.epoch(Weighted(t, t, with_one(w, -0.5))), ValueError, "dataset.weights"),
+            ("a NaN weight", lambda: tr.epoch(Weighted(t, t, with_one(w, np.nan))), ValueError, "dataset.weights"),
+            (
+                "a label id past the vocabulary",
+                lambda: tr.epoch(Weighted(t, with_one(t, n_vocab), w)),
+                ValueError,
+                "labels",
+            ),
+        ],
+        "top-k": [
+            ("2-D ids", lambda: TopK(t, t, w), ValueError, "ids must be 3-D"),
+            ("ids and weights of other k", lambda: TopK(t, ids, kw[..., :1].copy()), ValueError, "shape x k"),
+            ("k past the native limit", lambda: TopK(t, *_k_wide(TopK.MAX_K + 1)), ValueError, "k must be in"),
+            (
+                "a target id past the vocabulary",
+                lambda: tr.epoch(TopK(t, with_one(ids, n_vocab), kw)),
+                ValueError,
+                "ids",
+            ),
+            ("an infinite target weight", lambda: tr.epoch(TopK(t, ids, with_one(kw, np.inf))), ValueError, "weights"),
+        ],
+        "packed": [
+            ("documents that decrease", lambda: Packed(t, docs[:, ::-1].copy()), ValueError, "decrease"),
+            (
+                "a document after padding",
+                lambda: Packed(t, _with_padding(docs, 100, 28)),
+                ValueError,
+                "follows padding",
+            ),
+            ("a document index below padding", lambda: Packed(t, with_one(docs, -2)), ValueError, ">= 0"),
+            ("no tokens at all", lambda: Packed(t[:, :0].copy(), docs[:, :0].copy()), ValueError, "empty"),
+            ("documents of another shape", lambda: Packed(t, docs[:, :128].copy()), ValueError, "one shape"),
+            ("nothing to pack", lambda: Packed.pack([], width=256), ValueError, "no documents"),
+            (
+                "a document past the window",
+                lambda: Packed.pack([np.zeros(257, int)], width=256),
+                ValueError,
+                "more than",
+            ),
+            (
+                "weights for fewer documents",
+                lambda: Packed.pack([[1, 2]] * 2, width=8, weights=[[1, 1]]),
+                ValueError,
+                "for 2",
+            ),
+            (
+                "a document's weights of another length",
+                lambda: _pack_weighted([1.0]),
+                ValueError,
+                "weights of document 0",
+            ),
+            ("a document of floats", lambda: Packed.pack([np.zeros(4)], width=8), ValueError, "integer sequence"),
+            ("a negative id in a document", lambda: Packed.pack([[1, -2]], width=8), ValueError, "token ids"),
+            (
+                "more documents per micro-batch than sequences",
+                lambda: tr.epoch(Packed(t, _four_per_micro_batch())),
+                ValueError,
+                "sequences=",
+            ),
+            (
+                "a micro-batch that does not divide the window",
+                lambda: Packed(t, docs).sequences_needed(100),
+                ValueError,
+                "n_ubatch",
+            ),
+        ],
         # the epoch call and the trainer's schedule
-        ("not a dataset", lambda: tr.epoch(support.hostile(t)), TypeError, "dataset must be"),
-        (
-            "a window wider than the context",
-            lambda: tr.epoch(Token(np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32))),
-            ValueError,
-            "n_ctx",
-        ),
-        (
-            "a progress callback that is not callable",
-            lambda: tr.epoch(Token(t, t), progress=support.hostile(1)),
-            TypeError,
-            "progress",
-        ),
-        (
-            "an epoch callback not of ctypes",
-            lambda: tr.epoch(Token(t, t), epoch_callback=support.hostile(print)),
-            TypeError,
-            "epoch_callback",
-        ),
-        (
-            "a schedule without its horizon",
-            lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3),
-            ValueError,
-            "horizon",
-        ),
-        (
-            "a horizon of 0 steps",
-            lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3, horizon=0),
-            ValueError,
-            "horizon",
-        ),
-        (
-            "a schedule that is not callable",
-            lambda: retro.Trainer(ctx, schedule=support.hostile(1e-3), horizon=4),
-            TypeError,
-            "callable",
-        ),
-        ("an unknown loss head", lambda: retro.Trainer(ctx, head="sparse"), ValueError, "head"),
-        ("a trainer of no context", lambda: retro.Trainer(support.hostile("context")), TypeError, "context"),
-        (
-            "an optimizer named, not made",
-            lambda: retro.Trainer(ctx, optimizer=support.hostile("adamw")),
-            TypeError,
-            "optimizer",
-        ),
-        ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model)), ValueError, "closed"),
-    ]
+        "schedule": [
+            ("not a dataset", lambda: tr.epoch(support.hostile(t)), TypeError, "dataset must be"),
+            (
+                "a window wider than the context",
+                lambda: tr.epoch(Token(np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32))),
+                ValueError,
+                "n_ctx",
+            ),
+            (
+                "a progress callback that is not callable",
+                lambda: tr.epoch(Token(t, t), progress=support.hostile(1)),
+                TypeError,
+                "progress",
+            ),
+            (
+                "an epoch callback not of ctypes",
+                lambda: tr.epoch(Token(t, t), epoch_callback=support.hostile(print)),
+                TypeError,
+                "epoch_callback",
+            ),
+            (
+                "a schedule without its horizon",
+                lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3),
+                ValueError,
+                "horizon",
+            ),
+            (
+                "a horizon of 0 steps",
+                lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3, horizon=0),
+                ValueError,
+                "horizon",
+            ),
+            (
+                "a schedule that is not callable",
+                lambda: retro.Trainer(ctx, schedule=support.hostile(1e-3), horizon=4),
+                TypeError,
+                "callable",
+            ),
+            ("an unknown loss head", lambda: retro.Trainer(ctx, head="sparse"), ValueError, "head"),
+            ("a trainer of no context", lambda: retro.Trainer(support.hostile("context")), TypeError, "context"),
+            (
+                "an optimizer named, not made",
+                lambda: retro.Trainer(ctx, optimizer=support.hostile("adamw")),
+                TypeError,
+                "optimizer",
+            ),
+            ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model)), ValueError, "closed"),
+        ],
+    }
+    return [(source, *detail) for source, details in by_input.items() for detail in details]
 
 
 def _closed(model: retro.Model) -> retro.Context:
@@ -251,7 +296,7 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
             expect("SHAPE-01", _state(model, tr) == before, "a rejected call changed the trainer's state")
 
         check()
-        for what, call, kind, names in _bad_details(model.n_vocab, tr):
+        for source, what, call, kind, names in _bad_details(model.n_vocab, tr):
             fi.reset()
             err = raised(call)
             expect(
@@ -261,8 +306,7 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
             )
             expect("SHAPE-01", fi.hits("compute") == 0, f"{what}: a bad call reached the backend")
             expect("SHAPE-01", _state(model, tr) == before, f"{what}: a rejected call changed the trainer's state")
-        # each input's details were met above, each asserted on (_bad_details lists them by input)
-        on_path("input=token", "input=weighted", "input=top-k", "input=packed", "input=schedule")
+            on_path(f"input={source}")
 
 
 @pytest.mark.clause("SHAPE-02")

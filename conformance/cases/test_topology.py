@@ -27,7 +27,7 @@ import pytest
 import retro
 import retro.fault_injection as fi
 from retro.conformance import gate, registry, results, support
-from retro.conformance.evidence import bound, expect, measure
+from retro.conformance.evidence import bound, expect, measure, on_path
 from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk, upstream_epoch
 
 
@@ -301,6 +301,7 @@ def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend,
             backend,
             "eval loss",
         )
+    on_path(f"head={head}", f"kind={kind}")
 
 
 @pytest.mark.clause("TOPO-04")

@@ -24,7 +24,7 @@ from retro.conformance.cases._transactions import (
     steer,
     tx_context,
 )
-from retro.conformance.evidence import Bound, bound, expect, measure, within
+from retro.conformance.evidence import Bound, bound, expect, measure, on_path, within
 from retro.testing import reference
 from retro.transactions import Profile, ProfileError, Transaction
 
@@ -289,6 +289,7 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
         failure = ctx.transaction_failure
         expect("TX-ACC-09", failure is not None and failure.kind == "non-finite", f"failed as {failure}")
         expect("TX-ACC-09", ctx.sequence_state() == untouched, f"a copy holding {value} was written back")
+    on_path(f"value={value}")
 
 
 @pytest.mark.clause("TX-ACC-10")

@@ -23,7 +23,7 @@ from retro.conformance.cases._transactions import (
     raise_at,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 from retro.testing import scheduler_data_phase_entries
 from retro.transactions import Profile, TensorTransactions, Transaction
 
@@ -122,6 +122,7 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
             f"a generation failed ({failure}) after {decoded} positions: {ctx.sequence_length} in the cache, "
             f"n_past {ctx.n_past}",
         )
+    on_path(f"failure={failure}")
 
 
 @pytest.mark.clause("TX-FAIL-04", "TX-FAIL-06")
@@ -194,6 +195,7 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
         )
         expect("TX-FAIL-06", len(calls) == (failure == "handler"), f"{then}: the handler ran {len(calls)} times")
         expect("TX-FAIL-06", ctx.sequence_length == length, f"{then} after a {failure} failure: the refused call ran")
+    on_path(f"failure={failure}", f"then={then}")
 
 
 @pytest.mark.clause("HARNESS-04")

@@ -33,7 +33,7 @@ from retro.conformance.cases._transactions import (
     rows_of,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 from retro.transactions import TensorTransactions, Transaction
 from retro.unsafe import TensorCapture
 
@@ -334,6 +334,7 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
             r["concurrent"] in ("ok", "InvalidStateError", *interleaved),
             f"{name} during {running}: {r['concurrent']}",
         )
+    on_path(f"running={running}")
 
 
 @pytest.mark.clause("TX-OWN-05")

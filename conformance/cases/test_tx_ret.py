@@ -15,7 +15,7 @@ from retro.conformance.cases._transactions import (
     fails_closed,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect
+from retro.conformance.evidence import bound, expect, on_path
 from retro.transactions import Profile, TensorTransactions, Transaction
 
 
@@ -157,3 +157,4 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
                 (took is None) == fits and (fits or isinstance(took, retro.CaptureLimitError)),
                 f"a limit of {room // row} rows, decodes of {list(held)} held, a decode of {tokens}: {took!r}",
             )
+    on_path(f"rows={rows}")
