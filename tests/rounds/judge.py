@@ -10,8 +10,9 @@ A defect that names its own `clause` is judged against it; --clause is the round
 A defect's `original` is as the reviewer's release view showed it (tests/rounds/release_view.py):
 where the view read `false` (`False`) for a seeded-defect switch and dropped its comment, the line
 it stands for is found by that pattern.
-The verdict is `caught` when a check of the clause failed on an assertion bound to the clause,
-`crash` when one died, `escaped` when the clause passed, each with the commit that judged it."""
+Each clause is first certified intact (a check that fails intact would catch everything); then a
+defect's verdict (`verdict`) compares its cases with those intact outcomes, and names the commit
+that judged it."""
 
 from __future__ import annotations
 
@@ -48,28 +49,56 @@ def rebuild() -> None:
     subprocess.run([*cmd, "-Cbuild-dir=build/dev", "-e", "."], cwd=REPO, check=True)
 
 
-def certify(clause: str) -> tuple[str, str]:
+def outcomes(clause: str) -> dict[str, tuple[str, str]] | str:
+    """Each intact case of the clause on cpu and rpc: (outcome, message) by node id; or why the
+    harness could not judge."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         cmd = ["retro-conformance", "certify", "--backend", "cpu,rpc", "--clauses", clause, "--no-defects"]
         run = subprocess.run([*cmd, "-j", "2", "--out", str(out)], capture_output=True, text=True)
         if not (out / "results.json").exists():
-            return "not judged", f"the harness failed (exit {run.returncode}): {run.stderr.strip()[-300:]}"
+            return f"the harness failed (exit {run.returncode}): {run.stderr.strip()[-300:]}"
         res = json.loads((out / "results.json").read_text(encoding="utf-8"))
     absent = [n for n, b in res["backends"].items() if b["status"] != "available"]
     if absent:
-        return "not judged", f"backend(s) not available: {', '.join(absent)}"
+        return f"backend(s) not available: {', '.join(absent)}"
     runs = [c for c in res["cases"] if clause in c["clauses"] and c["defect"] is None]
-    bound = [c for c in runs if c["outcome"] == "fail" and f"{clause}:" in (c["message"] or "")]
-    if bound:
-        return "caught", bound[0]["message"].strip().splitlines()[0][:300]
-    crashed = [c for c in runs if c["outcome"] == "crash"]
-    if crashed:
-        return "crash", (crashed[0]["message"] or "").strip().splitlines()[0][:300]
-    other = [c for c in runs if c["outcome"] != "pass"]
-    if other:  # not supported, an expected failure: nothing was judged there
-        return "not judged", f"{other[0]['outcome']}: {(other[0]['message'] or '').strip()[:300]}"
+    return {c["nodeid"]: (c["outcome"], (c["message"] or "").strip()) for c in runs}
+
+
+def verdict(clause: str, baseline: dict[str, tuple[str, str]]) -> tuple[str, str]:
+    """`caught` when a check failed on an assertion bound to the clause; `crash` when one died;
+    `unbound` when one failed outside the clause's assertions (the library's own refusal, a
+    pytest.raises that did not hold: not counted by the rule); `escaped` when every case ended as
+    it did intact (a case not supported on a backend stays so, and judges nothing there)."""
+    runs = outcomes(clause)
+    if isinstance(runs, str):
+        return "not judged", runs
+    changed = {n: r for n, r in runs.items() if r != baseline.get(n, ("pass", "")) or r[0] == "fail"}
+    first = lambda rs: next(iter(rs.values()))[1].splitlines()[0][:300] if rs else ""  # noqa: E731
+    bound = {n: r for n, r in changed.items() if r[0] == "fail" and f"{clause}:" in r[1]}
+    for name, kind in (("caught", bound), ("crash", {n: r for n, r in changed.items() if r[0] == "crash"})):
+        if kind:
+            return name, first(kind) or "the interpreter died"
+    failed = {n: r for n, r in changed.items() if r[0] == "fail"}
+    if failed:
+        return "unbound", first(failed)
+    if changed:  # a case passed intact and now is not supported or expected to fail: nothing judged
+        return "not judged", f"{next(iter(changed.values()))[0]}: {first(changed)}"
     return "escaped", "every check of the clause passed"
+
+
+def baseline_of(clause: str | None, cache: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """The clause's intact outcomes at this checkout, once per run of the judge: a round is judged
+    only against checks that pass intact (a failing one would catch every defect)."""
+    if clause is None:
+        raise SystemExit("a defect names no clause and the round gave none (--clause)")
+    if clause not in cache:
+        runs = outcomes(clause)
+        if isinstance(runs, str) or any(o in ("fail", "crash") for o, _ in runs.values()):
+            raise SystemExit(f"{clause} does not pass intact here: {runs}")
+        cache[clause] = runs
+    return cache[clause]
 
 
 def main() -> int:
@@ -92,6 +121,9 @@ def main() -> int:
 
 
 def judge_each(defects: list[dict], clause: str | None, verdicts: Path, head: str) -> None:
+    baselines: dict[str, dict] = {}
+    for d in defects:  # every clause's intact outcomes first, on the intact sources
+        baseline_of(d.get("clause") or clause, baselines)
     for d in defects:
         rel = d["file"].removeprefix("llama.cpp/")
         path = FORK / rel if d["file"].startswith("llama.cpp/") else REPO / rel
@@ -101,7 +133,7 @@ def judge_each(defects: list[dict], clause: str | None, verdicts: Path, head: st
         try:
             line = locate(text, original)
         except ValueError as err:
-            verdict, why = "not applied", str(err)
+            judged, why = "not applied", str(err)
         else:
             lines = text.split("\n")
             lines[lines.index(line)] = mutated  # the whole line, never a part of a longer one
@@ -109,14 +141,15 @@ def judge_each(defects: list[dict], clause: str | None, verdicts: Path, head: st
             try:
                 if path.suffix != ".py":  # the editable install reads Python sources where they are
                     rebuild()
-                verdict, why = certify(d.get("clause") or clause)
+                clause_of = d.get("clause") or clause or ""
+                judged, why = verdict(clause_of, baselines[clause_of])
             except subprocess.CalledProcessError as err:
-                verdict, why = "invalid", f"the build failed ({err.returncode})"
+                judged, why = "invalid", f"the build failed ({err.returncode})"
             finally:
                 path.write_text(text, encoding="utf-8")
         with verdicts.open("a", encoding="utf-8") as f:
-            f.write(f"{d['id']} {verdict} at {head}: {why}\n")
-        print(d["id"], verdict, why, flush=True)
+            f.write(f"{d['id']} {judged} at {head}: {why}\n")
+        print(d["id"], judged, why, flush=True)
 
 
 if __name__ == "__main__":
