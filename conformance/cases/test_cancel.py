@@ -204,9 +204,7 @@ def test_an_incomplete_period_never_reaches_a_later_call(
         reference = model.parameters()
     with bound("CANCEL-04"):
         support.assert_params_equal(cancelled, reference, backend, "after a discarded period vs never seeing it")
-    on_path(
-        f"cancelled_by={cancelled_by}", f"cancelled_in={cancelled_in}", f"optimizer={optimizer}"
-    )
+    on_path(f"cancelled_by={cancelled_by}", f"cancelled_in={cancelled_in}", f"optimizer={optimizer}")
 
 
 @pytest.mark.clause("CANCEL-01")

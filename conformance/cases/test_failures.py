@@ -179,9 +179,7 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
                     asked[:1] == [completed_steps],
                     f"{site} at {k}: the next call asked the schedule for steps {asked[:2]}, not {completed_steps}",
                 )
-    on_path(
-        f"site={site}", f"optimizer={optimizer}", f"accumulation={accumulation}", f"start={start}"
-    )
+    on_path(f"site={site}", f"optimizer={optimizer}", f"accumulation={accumulation}", f"start={start}")
 
 
 def _unlike_a_fresh_sequence(ctx: retro.Context) -> str | None:

@@ -99,6 +99,19 @@ def test_the_gate_is_decided_by_the_evidence_and_names_what_is_missing(backend):
         short["decision"] == "refuse" and any("removes 80.0%" in m and "under 90%" in m for m in short["missing"]),
         f"80 % of the rebuild removed: {short['decision']}, missing {short['missing'][:2]}",
     )
+    # every part of the rebuild counts: with the cache on, each part in turn left alone at a fifth of
+    # the cost the cache off measured, the others removed (a sum that left it out would read 100 %)
+    for part in gate.REBUILD_PARTS:
+        one_part = _package()
+        for c in one_part["cases"]:
+            if c["id"] == "packed-on":
+                c["measurements"][0].update(dict.fromkeys(gate.REBUILD_PARTS, 0.0), **{part: 200.0})
+        d = gate.decide(one_part)
+        expect(
+            "HARNESS-08",
+            d["decision"] == "refuse" and any("removes 80.0%" in m for m in d["missing"]),
+            f"a fifth of the rebuild left in {part} alone: {d['decision']}, missing {d['missing'][:2]}",
+        )
     unmeasured = _package()
     unmeasured["cases"] = [c for c in unmeasured["cases"] if c["id"] != "packed-on"]
     d = gate.decide(unmeasured)

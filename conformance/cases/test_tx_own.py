@@ -42,7 +42,8 @@ from retro.unsafe import TensorCapture
 def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
     """The state is built at its address before the context exists; llama.cpp holds that address
     as its eval-callback user data (read back from llama.cpp); the context owns the state at that
-    same address, and what the callback records is what the context reports."""
+    same address, and what the callback records is what the context reports. The state installed is
+    the complete one: its handler is called and its retention limit holds."""
     model, profile = loaded
     tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)])
     before = tx.address
@@ -58,6 +59,16 @@ def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
         expect(
             "TX-OWN-01", tx.address == installed, f"the parameters name {tx.address:#x}, llama.cpp calls {installed:#x}"
         )
+    # the state is complete: the handler it was made with is the one llama.cpp's callback calls,
+    # and the retention limit it was made with holds its decodes (room for one 4-token decode)
+    seen: list[str] = []
+    sel = [profile.select("l_out-0", retain=True, max_rows=4), profile.select("attn_norm-0")]
+    made = TensorTransactions(profile, sel, lambda t: seen.append(t.name), retained_limit=4 * model.n_embd * 4)
+    with plain_context(model, made) as ctx:
+        ctx.decode(TOKENS[:4])
+        expect("TX-OWN-01", "attn_norm-0" in seen, f"the installed state's handler saw {seen}")
+        with bound("TX-OWN-01"), pytest.raises(retro.CaptureLimitError):
+            ctx.decode(TOKENS[4:8])  # a second undrained decode: past the limit the state was made with
     # a state of borrowed captures alone (no selector of its own) is installed all the same, and
     # llama.cpp's callback writes the caller's array through it
     out = np.zeros((len(TOKENS), model.n_embd), np.float32)
@@ -434,7 +445,8 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         kept_positions.append(t.positions)
 
     with tx_context(model, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], keep) as ctx:
-        ctx.decode(TOKENS[:4])
+        with bound("TX-OWN-06"):  # the handler is given an array of its own, or the decode fails here
+            ctx.decode(TOKENS[:4])
         first = ctx.drain_captures()[0].data.copy()
         kept[0][:] = 1e6  # after the decode returned
         ctx.reset()

@@ -5,6 +5,8 @@ logits it returns, numpy references, and the handler's own log. Shared helpers: 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import retro
@@ -13,6 +15,7 @@ from retro.conformance.cases._transactions import (
     TOKENS,
     committed_positions,
     fails_closed,
+    foreign_profile,
     tx_context,
 )
 from retro.conformance.evidence import bound, expect, on_path
@@ -49,8 +52,10 @@ def test_a_graph_that_does_not_match_the_profile_fails_closed(backend, loaded, t
     """Selectors bound to a profile of a 3-layer model of the same architecture, used on the
     2-layer model: l_out-2 is never computed, so the decode fails after it ran (coverage), the
     handler never saw a mismatched node, and no capture of that decode is committed. A profile
-    of a wider model fails closed on the row width, and so does one of a narrower model."""
-    model, _ = loaded
+    of a wider model fails closed on the row width, and so does one of a narrower model. No prefix
+    matching (a name that begins others is not theirs) and no type coercion (an i32 record of an
+    f32 node of the same element size is refused)."""
+    model, profile = loaded
     with support.load(backend, support.model_file(tmp_path, seed, n_layer=3), trainable=False) as deeper:
         three = Profile.record(deeper)
     with support.load(backend, support.model_file(tmp_path, seed, n_embd=128), trainable=False) as wider:
@@ -70,6 +75,20 @@ def test_a_graph_that_does_not_match_the_profile_fails_closed(backend, loaded, t
     with tx_context(model, narrow, [narrow.select("l_out-0")], calls.append) as ctx, bound("TX-PROF-02"):
         got = fails_closed(ctx, calls)
         assert got == f"{model.n_embd} elements per row, selected 32", got
+    # no prefix matching: a node this graph lacks, whose name begins those of nodes it has
+    # (attn_norm-0, attn_norm-1), is absent: the decode fails its coverage, the handler unseen
+    nodes = {**profile.nodes, "attn_norm": dataclasses.replace(profile.nodes["attn_norm-0"], name="attn_norm")}
+    prefix = dataclasses.replace(profile, nodes=nodes)
+    with tx_context(model, prefix, [prefix.select("attn_norm")], calls.append) as ctx:
+        with bound("TX-PROF-02"), pytest.raises(retro.TensorCallbackError) as err:
+            ctx.decode(TOKENS)
+        expect("TX-PROF-02", err.value.failure.kind == "coverage", f"a name's prefix: failed as {err.value.failure}")
+        expect("TX-PROF-02", not calls, f"a name's prefix: the handler saw {len(calls)} copies of other nodes")
+    # no type coercion: a node recorded as i32 (the element size of its real f32) is refused
+    foreign = foreign_profile(profile, "l_out-0", dtype="i32")
+    with tx_context(model, foreign, [foreign.select("l_out-0")], calls.append) as ctx, bound("TX-PROF-02"):
+        got = fails_closed(ctx, calls)
+        assert got == "element type f32, selected i32", got
 
 
 @pytest.mark.clause("TX-RET-03")

@@ -101,14 +101,82 @@ def baseline_of(clause: str | None, cache: dict[str, dict]) -> dict[str, tuple[s
     return cache[clause]
 
 
+LEDGER = REPO / "conformance" / "reviewed_defects.toml"
+
+
+def _toml(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)  # a JSON string or list of strings is a TOML one
+
+
+def record(round_dir: Path, name: str, clause: str | None) -> int:
+    """Append each judged defect of the round to the ledger (conformance/reviewed_defects.toml) at
+    its first judgment: `caught` by its own clause, or an escape with what it is still open for
+    (an escape answered later gets `caught_since` in place of `still_open`, by hand, once a
+    re-judgment in the round's rejudged.txt shows it). An invalid defect (it did not compile) or
+    one not judged is no reviewer's defect of the ledger; one already there is left as it is."""
+    defects = tomllib.loads((round_dir / "defects.toml").read_text(encoding="utf-8"))["defect"]
+    lines = (round_dir / "verdicts.txt").read_text(encoding="utf-8").splitlines()
+    first = {}
+    for ln in lines:  # the first verdict of each defect that judged something
+        did, rest = ln.split(" ", 1)
+        judged, _, why = rest.partition(": ")
+        outcome, _, at = judged.partition(" at ")
+        if outcome not in ("not judged",) and did not in first:
+            first[did] = (outcome, at, why)
+    known = {d["id"] for d in tomllib.loads(LEDGER.read_text(encoding="utf-8"))["defect"]}
+    out = []
+    for d in defects:
+        if d["id"] in known or d["id"] not in first or first[d["id"]][0] in ("invalid", "not applied"):
+            continue
+        outcome, at, why = first[d["id"]]
+        own = d.get("clause") or clause
+        entry = {
+            "id": d["id"],
+            "clause": own,
+            "round": f"{name} ({round_dir.relative_to(REPO)})",
+            "judged_at": at,
+            "file": d["file"],
+            "original": d["original"],
+            "mutated": d["mutated"],
+            "why": d["why"],
+            "first_judgment": "caught" if outcome == "caught" else "escaped",
+        }
+        body = "\n".join(f"{k} = {_toml(v)}" for k, v in entry.items())
+        if outcome == "caught":
+            body += f"\ncaught_by = {_toml([own])}"
+        else:
+            said = {
+                "escaped": "every check of the clause passed",
+                "unbound": "a check failed outside the clause's assertions",
+                "crash": "the check's interpreter died",
+            }[outcome]
+            body += f"\ncaught_by = []\nstill_open = {_toml(f'{said}: {why}'[:400])}"
+        out.append(f"\n[[defect]]\n{body}\n")
+    with LEDGER.open("a", encoding="utf-8") as f:
+        f.write("".join(out))
+    print(f"{len(out)} defects recorded in {LEDGER.relative_to(REPO)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("round", type=Path)
     ap.add_argument("--clause", default=None, help="the clause of defects that name none")
+    ap.add_argument("--record", metavar="NAME", help="append the round's first judgments to the ledger, as round NAME")
+    ap.add_argument(
+        "--rejudge",
+        metavar="IDS",
+        help="judge these defects again (comma-separated) into rejudged.txt: a new draw, never a first judgment",
+    )
     args = ap.parse_args()
+    if args.record:
+        return record(args.round.resolve(), args.record, args.clause)
     defects = tomllib.loads((args.round / "defects.toml").read_text(encoding="utf-8"))["defect"]
-    verdicts = args.round / "verdicts.txt"
+    verdicts = args.round / ("rejudged.txt" if args.rejudge else "verdicts.txt")
     lines = verdicts.read_text(encoding="utf-8").splitlines() if verdicts.exists() else []
+    if args.rejudge:
+        wanted = set(args.rejudge.split(","))
+        defects = [d for d in defects if d["id"] in wanted]
     done = {ln.split()[0] for ln in lines if not ln.split(" at ")[0].endswith("not judged")}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     todo = [d for d in defects if d["id"] not in done]
