@@ -150,7 +150,8 @@ def record(round_dir: Path, name: str, clause: str | None) -> int:
                 "unbound": "a check failed outside the clause's assertions",
                 "crash": "the check's interpreter died",
             }[outcome]
-            body += f"\ncaught_by = []\nstill_open = {_toml(f'{said}: {why}'[:400])}"
+            text = said if why == said else f"{said}: {why}"
+            body += f"\ncaught_by = []\nstill_open = {_toml(text[:400])}"
         out.append(f"\n[[defect]]\n{body}\n")
     with LEDGER.open("a", encoding="utf-8") as f:
         f.write("".join(out))
