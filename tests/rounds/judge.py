@@ -68,8 +68,8 @@ def outcomes(clause: str) -> dict[str, tuple[str, str]] | str:
 
 def verdict(clause: str, baseline: dict[str, tuple[str, str]]) -> tuple[str, str]:
     """`caught` when a check failed on an assertion bound to the clause; `crash` when one died;
-    `unbound` when one failed outside the clause's assertions (the library's own refusal, a
-    pytest.raises that did not hold: not counted by the rule); `escaped` when every case ended as
+    `unbound` when one failed outside the clause's assertions (another clause's assertion, the
+    library's own refusal, a pytest.raises that did not hold: not counted by the rule); `escaped` when every case ended as
     it did intact (a case not supported on a backend stays so, and judges nothing there)."""
     runs = outcomes(clause)
     if isinstance(runs, str):
@@ -142,8 +142,12 @@ def record(round_dir: Path, name: str, clause: str | None) -> int:
             "first_judgment": "caught" if outcome == "caught" else "escaped",
         }
         body = "\n".join(f"{k} = {_toml(v)}" for k, v in entry.items())
+        other = re.search(r"ClauseViolation: ([A-Z]+(?:-[A-Z]+)?-\d+):", why) if outcome == "unbound" else None
         if outcome == "caught":
             body += f"\ncaught_by = {_toml([own])}"
+        elif other and other.group(1) != own:  # caught, by another clause's assertion: not counted
+            body = body.replace('first_judgment = "escaped"', 'first_judgment = "caught"')
+            body += f"\ncaught_by = {_toml([other.group(1)])}"
         else:
             said = {
                 "escaped": "every check of the clause passed",
