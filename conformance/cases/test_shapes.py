@@ -75,7 +75,7 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
         out.flat[out.size // 2] = value  # mid-window: not only the first element is read
         return out
 
-    by_input = {
+    by_input: dict[str, list[tuple[str, Callable[[], object], type, str]]] = {
         # token windows, cut from a stream or given
         "token": [
             (
