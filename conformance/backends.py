@@ -32,6 +32,24 @@ def rpc_numerics() -> str:
     return os.environ.get(RPC_NUMERICS_ENV, "cpu")
 
 
+#: backends on which two runs of one computation give the same bits, with what showed it: two runs on
+#: one of them (a determinism check, a result against the same result reached another way on the
+#: same backend) are compared bitwise (support.assert_params_equal). Any other backend is compared
+#: within support.CLOSE until its run-to-run spread is measured.
+REPEATABLE = {
+    "cpu": "ggml's CPU kernels split rows across threads, never a sum: BASE-02 holds them bitwise",
+    "rpc": "the server is ggml's CPU backend, with the CPU's numerics or the GPU-like rounding (a "
+    "function of its inputs); the worst same-backend comparison of each of 72 cases at b08cb0a: 0",
+    "vulkan": "ggml-vulkan's shaders reduce in a fixed order, without atomics; the worst same-backend "
+    "comparison of each of 69 cases of the certification at b08cb0a on lavapipe: 0",
+}
+
+
+def repeatable(name: str) -> bool:
+    """Whether two runs on backend `name` are held to the same bits (REPEATABLE)."""
+    return name in REPEATABLE
+
+
 def cpu_numerics(name: str) -> bool:
     """Whether backend `name` computes with the CPU's own kernels and numerics: the CPU, and the
     RPC backend (whose server is ggml's CPU backend) unless its servers compute like a GPU."""

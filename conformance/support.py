@@ -1,5 +1,5 @@
 """What conformance checks share: models and contexts on the backend under test, data, and
-parameter comparison (bitwise on CPU, a tolerance on other backends)."""
+parameter comparison (bitwise on a backend whose runs repeat to the bit, a tolerance elsewhere)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from retro import _native_logs
 from retro._threads import default_threads
 from retro.testing import TinyLlamaSpec, write_tiny_llama
 
-from . import evidence, registry
+from . import backends, evidence, registry
 from .backends import Backend
 
 #: the reason of a bound that a comparison with the CPU never comes near off a GPU: the RPC
@@ -29,10 +29,15 @@ GPU_KERNELS = (
     "sized for a GPU's kernels, which may round F32 products' inputs to TF32 and reorder float sums "
     "(proved on an RPC server computing so, certify --numerics gpu-like); the CPU's own measure about 0"
 )
-# relative and absolute tolerance off the CPU (bitwise there), as numpy's allclose reads them: the
+# two runs on a backend not known to repeat to the bit (CUDA), as numpy's allclose reads them: the
 # bound is on |actual - expected| / (atol + rtol |expected|), the largest over the elements
 GPU_RTOL, GPU_ATOL = 1e-4, 1e-6
-CLOSE = evidence.Bound("tensors equal off the CPU: |a - e| / (1e-6 + 1e-4 |e|)", 1.0, reason=GPU_KERNELS)
+CLOSE = evidence.Bound(
+    "tensors equal on a backend not known to repeat: |a - e| / (1e-6 + 1e-4 |e|)",
+    1.0,
+    reason="CUDA's run-to-run spread is not measured yet (no GPU run since the first H200 run): numpy's "
+    "allclose at rtol 1e-4 until it is; the backends measured to repeat bitwise are held so (backends.REPEATABLE)",
+)
 
 
 def model_file(folder: Path, seed: int, **spec: Any) -> Path:
@@ -162,7 +167,7 @@ def assert_params_equal(
     for name in expected:
         a, e = actual[name], expected[name]
         assert a.shape == e.shape, f"{what}: {name} has shape {a.shape}, expected {e.shape}"
-        if backend.name == "cpu":
+        if backends.repeatable(backend.name):  # the same bits, run after run (backends.REPEATABLE)
             bad = np.flatnonzero(a.view(np.uint32) != e.view(np.uint32))
             assert bad.size == 0, (
                 f"{what}: {name} differs bitwise in {bad.size} of {a.size} elements "
@@ -173,8 +178,9 @@ def assert_params_equal(
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, backend: Backend, what: str) -> None:
-    """Equal on CPU (bitwise), within the GPU tolerance elsewhere."""
-    if backend.name == "cpu":
+    """Equal bitwise on a backend whose runs repeat to the bit (backends.REPEATABLE), within CLOSE
+    elsewhere."""
+    if backends.repeatable(backend.name):
         assert np.array_equal(actual, expected), f"{what}: {actual!r} vs {expected!r}"
     else:
         _assert_close(np.asarray(actual), np.asarray(expected), what)

@@ -57,13 +57,30 @@ def raise_at(k: int, exc: Callable[[], BaseException] = lambda: ValueError("hand
     return handler, calls
 
 
-def decode_ok(clause: str, ctx: retro.Context, tokens: list[int]) -> None:
-    """Decode, bound to `clause`: a failed transaction is a failed assertion of that clause."""
+def decode_ok(clause: str, ctx: retro.Context, tokens: list[int]) -> np.ndarray | None:
+    """Decode, bound to `clause`: a failed transaction is a failed assertion of that clause. The
+    logits, or None where the clause was not enforced and its failure recorded."""
     with bound(clause):
         try:
-            ctx.decode(tokens)
+            return ctx.decode(tokens)
         except retro.DecodeError as err:
             pytest.fail(f"the decode failed: {err}")
+    return None
+
+
+@contextlib.contextmanager
+def raises_bound(clause: str, kind: type[BaseException]) -> Iterator[pytest.ExceptionInfo]:
+    """pytest.raises(kind), bound to `clause`: the block raising nothing, or an exception of
+    another kind, is a failed assertion of the clause (another kind is what the clause promised
+    not coming, not an error of the check)."""
+    with bound(clause):
+        try:
+            with pytest.raises(kind) as info:
+                yield info
+        except (AssertionError, pytest.fail.Exception):
+            raise
+        except Exception as err:  # noqa: BLE001 - the clause's failure, named
+            pytest.fail(f"raised {type(err).__name__}: {err} where {kind.__name__} was due")
 
 
 def foreign_profile(profile: Profile, name: str, **changes) -> Profile:

@@ -57,8 +57,7 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
     # the decodes are the clause's observation: one whose data phase met a node before it was
     # computed fails here (its rows are not the batch's, or it was never seen), not elsewhere
     with tx_context(model, profile, [profile.select("result_output")], lambda t: seen.append(t.data)) as ctx:
-        with bound("TX-ACC-01"):
-            logits = ctx.decode(TOKENS)
+        logits = decode_ok("TX-ACC-01", ctx, TOKENS)
     got = np.concatenate(seen) if seen else np.zeros((0, model.n_vocab), np.float32)
     with bound("TX-ACC-01"):
         assert got.shape == logits.shape, f"{got.shape} rows seen for logits {logits.shape}"
@@ -66,8 +65,7 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
         support.assert_close(logits, untouched, backend, "logits with result_output selected vs without transactions")
     norms: list[np.ndarray] = []
     with tx_context(model, profile, [profile.select("attn_norm-0")], lambda t: norms.append(t.data)) as ctx:
-        with bound("TX-ACC-01"):
-            logits = ctx.decode(TOKENS)
+        logits = decode_ok("TX-ACC-01", ctx, TOKENS)
     with bound("TX-ACC-01"):
         support.assert_close(logits, untouched, backend, "logits with attn_norm-0 selected vs without transactions")
         assert sum(len(n) for n in norms) == len(TOKENS), f"{[len(n) for n in norms]} rows of attn_norm-0 seen"

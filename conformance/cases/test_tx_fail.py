@@ -21,6 +21,7 @@ from retro.conformance.cases._transactions import (
     plain_context,
     plain_state,
     raise_at,
+    raises_bound,
     tx_context,
 )
 from retro.conformance.evidence import bound, expect, on_path
@@ -138,7 +139,7 @@ def test_the_first_failure_is_reported_and_sticks(backend, loaded):
         expect("TX-FAIL-04", isinstance(err.value, retro.TensorCallbackError), f"reported as {err.value!r}")
         expect("TX-FAIL-04", "the first failure" in str(err.value), f"reported as {err.value}")
         for _ in range(2):
-            with bound("TX-FAIL-06"), pytest.raises(retro.TensorCallbackError) as again:
+            with raises_bound("TX-FAIL-06", retro.TensorCallbackError) as again:
                 ctx.decode([1])
             expect("TX-FAIL-06", "the first failure" in str(again.value), f"then {again.value}")
         expect("TX-FAIL-06", len(calls) == 1, f"the handler ran {len(calls)} times")
@@ -182,7 +183,7 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
         if then in ("reset", "speculative"):
             ctx.reset()
         length = ctx.sequence_length
-        with bound("TX-FAIL-06"), pytest.raises(retro.TensorCallbackError) as again:
+        with raises_bound("TX-FAIL-06", retro.TensorCallbackError) as again:
             if then in ("decode", "reset"):
                 ctx.decode(TOKENS[:2])
             else:

@@ -29,6 +29,7 @@ from retro.conformance.cases._transactions import (
     DRAFT_NOISE,
     TOKENS,
     committed_positions,
+    decode_ok,
     plain_context,
     rows_of,
     tx_context,
@@ -445,8 +446,7 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         kept_positions.append(t.positions)
 
     with tx_context(model, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], keep) as ctx:
-        with bound("TX-OWN-06"):  # the handler is given an array of its own, or the decode fails here
-            ctx.decode(TOKENS[:4])
+        decode_ok("TX-OWN-06", ctx, TOKENS[:4])  # the handler is given an array of its own, or fails here
         first = ctx.drain_captures()[0].data.copy()
         kept[0][:] = 1e6  # after the decode returned
         ctx.reset()

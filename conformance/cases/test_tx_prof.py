@@ -151,8 +151,10 @@ def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
     out = np.zeros((4, model.n_embd), np.float32)
     with bound("TX-PROF-03"), pytest.raises(TypeError, match="unsafe_borrow"):
         TensorCapture(profile.select("attn_norm-0"), out)
-    with bound("TX-PROF-03"):  # the explicitly unsafe constructor makes one
-        capture = TensorCapture.unsafe_borrow(profile.select("attn_norm-0"), out)
+    made: list[TensorCapture] = []
+    refused = raised(lambda: made.append(TensorCapture.unsafe_borrow(profile.select("attn_norm-0"), out)))
+    expect("TX-PROF-03", bool(made), f"the explicitly unsafe constructor made none: {refused!r}")
+    (capture,) = made
     tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)], captures=[capture])
     with plain_context(model, tx) as ctx:
         ctx.decode(TOKENS[:4])

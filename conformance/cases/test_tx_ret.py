@@ -16,6 +16,7 @@ from retro.conformance.cases._transactions import (
     committed_positions,
     fails_closed,
     foreign_profile,
+    raises_bound,
     tx_context,
 )
 from retro.conformance.evidence import bound, expect, on_path
@@ -133,7 +134,7 @@ def test_undrained_captures_stay_within_their_byte_limit(backend, loaded, rows):
     with tx_context(model, profile, sel, retained_limit=limit) as ctx:
         ctx.decode(TOKENS[:4])
         ctx.decode(TOKENS[4:8])
-        with bound("TX-RET-04"), pytest.raises(retro.CaptureLimitError):
+        with raises_bound("TX-RET-04", retro.CaptureLimitError):
             ctx.decode(TOKENS[8:])
         expect("TX-RET-04", ctx.sequence_length == 8, f"the refused decode ran: {ctx.sequence_length} positions")
         held = ctx.drain_captures()
