@@ -118,15 +118,26 @@ class Bound:
     backend and the smallest error of a seeded defect that crossed it (results.bound_table). Where
     the CPU's numerics allow a tighter limit than other kernels' (a GPU's reorder float sums), `cpu`
     is that limit, on every backend that computes with them (backends.cpu_numerics). A limit more
-    than WIDE times what an intact run measures says why in `reason`."""
+    than WIDE times what an intact run measures says why, with the figure it was sized from: `reason`
+    for `limit`, `cpu_reason` for `cpu` (each limit its own reason: a GPU's does not excuse the
+    CPU's, results.bound_table)."""
 
     name: str
     limit: float
     cpu: float | None = None
     reason: str = ""
+    cpu_reason: str = ""
+
+    def _for_cpu(self, backend: str) -> bool:
+        return backends.cpu_numerics(backend) and self.cpu is not None
 
     def on(self, backend: str) -> float:
-        return self.cpu if backends.cpu_numerics(backend) and self.cpu is not None else self.limit
+        """The limit that applies on `backend`."""
+        return self.cpu if self._for_cpu(backend) and self.cpu is not None else self.limit
+
+    def reason_on(self, backend: str) -> str:
+        """Why the limit that applies on `backend` is as wide as it is ("" where none is given)."""
+        return self.cpu_reason if self._for_cpu(backend) else self.reason
 
 
 def within(clause: str, bound: Bound, observation: str, error: float, what: str = "error") -> None:
@@ -140,13 +151,14 @@ def within(clause: str, bound: Bound, observation: str, error: float, what: str 
 def held(bound: Bound, observation: str, error: float) -> float:
     """Record an error held to `bound` (for a helper whose caller binds its assertion to a clause)
     and return the limit that applies on the backend under test."""
-    limit = bound.on(_ledger.backend if _ledger is not None else "")
+    backend = _ledger.backend if _ledger is not None else ""
+    limit, reason = bound.on(backend), bound.reason_on(backend)
     if _ledger is not None:
         # JSON has no infinity: a shape mismatch or a zero reference reads as 1e300
         record = {"bound": bound.name, "observation": observation, "error": min(error, 1e300), "limit": limit}
         worst = _ledger.bounds.get(bound.name)
         if worst is None or record["error"] > worst["error"]:
-            _ledger.bounds[bound.name] = record | ({"reason": bound.reason} if bound.reason else {})
+            _ledger.bounds[bound.name] = record | ({"reason": reason} if reason else {})
     return limit
 
 

@@ -5,6 +5,7 @@ measurements)."""
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 from . import registry
@@ -181,7 +182,8 @@ BOUND_COLUMNS = ("bound", "limit", "largest intact error", "weakest seeded defec
 
 def bound_rows(results: dict) -> list[tuple[str, ...]]:
     """The bound table (results.bound_table) as text, one row per bound, per backend in each cell;
-    a limit more than evidence.WIDE times the intact error with no reason says so."""
+    each limit's reason once for the backends it applies to; a limit more than evidence.WIDE times
+    the intact error with no reason of its own says so."""
 
     def per_backend(figures: dict[str, float]) -> str:
         return "; ".join(f"{n} {v:.3g}" for n, v in figures.items()) or "-"
@@ -189,23 +191,82 @@ def bound_rows(results: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for b in results.get("bounds", []):
         weakest = min(b["defects"].items(), key=lambda kv: kv[1]) if b["defects"] else None
-        why = b["reason"] or (f"NONE, yet wide on {', '.join(b['unexplained'])}" if b["unexplained"] else "-")
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in b["reason"].items():
+            by_reason.setdefault(reason, []).append(name)
+        why = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+        if b["unexplained"]:
+            why.append(f"NONE, yet wide on {', '.join(b['unexplained'])}")
         rows.append(
             (
                 b["bound"],
                 per_backend(b["limit"]),
                 per_backend(b["intact"]),
                 f"{weakest[0]} {weakest[1]:.3g}" if weakest else "-",
-                why,
+                "; ".join(why) or "-",
             )
         )
     return rows
 
 
+#: the log axis every bound is drawn on: decades from LOG_AXIS[0] to LOG_AXIS[1] (0 sits at the left
+#: edge, an error past the right edge at it), STRIP pixels wide
+LOG_AXIS, STRIP = (-14, 4), 360
+#: the colour of each backend's marks on the axis, in the order the bound table lists them
+BACKEND_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def _x(value: float) -> float:
+    lo, hi = LOG_AXIS
+    decade = lo if value <= 0 else min(max(math.log10(value), lo), hi)
+    return round((decade - lo) / (hi - lo) * STRIP, 1)
+
+
+def bound_strip(bound: dict, colours: dict[str, str]) -> str:
+    """One bound on the log axis, as inline SVG: each backend's limit (a bar) and largest intact
+    error (a dot) in its colour, and the weakest seeded defect that crossed it (a red cross), so
+    a loose limit (a bar far right of its dot) or a thin margin (a cross just right of a bar) is
+    seen at a glance."""
+    marks = [f'<line x1="0" y1="11" x2="{STRIP}" y2="11" stroke="#bbb"/>']
+    for d in range(LOG_AXIS[0], LOG_AXIS[1] + 1, 2):
+        marks.append(f'<line x1="{_x(10.0**d)}" y1="8" x2="{_x(10.0**d)}" y2="14" stroke="#bbb"/>')
+    for name, limit in bound["limit"].items():
+        x, c = _x(limit), colours.get(name, "#000")
+        marks.append(
+            f'<rect x="{x - 1}" y="2" width="3" height="18" fill="{c}"><title>{escape(name)} limit {limit:g}</title></rect>'
+        )
+    for name, error in bound["intact"].items():
+        c = colours.get(name, "#000")
+        marks.append(
+            f'<circle cx="{_x(error)}" cy="11" r="4" fill="{c}"><title>{escape(name)} intact {error:.3g}</title></circle>'
+        )
+    if bound["defects"]:
+        defect, error = min(bound["defects"].items(), key=lambda kv: kv[1])
+        x = _x(error)
+        marks.append(
+            f'<path d="M{x - 4},7 L{x + 4},15 M{x - 4},15 L{x + 4},7" stroke="#d62c2c" stroke-width="2">'
+            f"<title>{escape(defect)} {error:.3g}</title></path>"
+        )
+    return f'<svg class="strip" width="{STRIP}" height="22" role="img">{"".join(marks)}</svg>'
+
+
 def _bounds(results: dict) -> str:
-    head = "<tr>" + "".join(f"<th>{c}</th>" for c in BOUND_COLUMNS) + "</tr>"
-    body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in bound_rows(results))
-    return f'<table id="bounds">{head}{body}</table>' if body else "<p>No check held an error to a bound.</p>"
+    bounds = results.get("bounds", [])
+    names = list(dict.fromkeys(n for b in bounds for n in b["limit"]))
+    colours = {n: BACKEND_COLOURS[i % len(BACKEND_COLOURS)] for i, n in enumerate(names)}
+    lo, hi = LOG_AXIS
+    key = " ".join(f'<span style="color:{c}">&#9679; {escape(n)}</span>' for n, c in colours.items())
+    legend = (
+        f"<p>Each bound on one logarithmic axis, 1e{lo} (and 0) to 1e{hi}, a tick every two decades: "
+        f"the limit on each backend (bar) and its largest intact error (dot), {key}; the weakest "
+        'seeded defect over it: <span style="color:#d62c2c">&#10005;</span>.</p>'
+    )
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in (*BOUND_COLUMNS, "on one log axis")) + "</tr>"
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + f"<td>{bound_strip(b, colours)}</td></tr>"
+        for row, b in zip(bound_rows(results), bounds)
+    )
+    return f'{legend}<table id="bounds">{head}{body}</table>' if body else "<p>No check held an error to a bound.</p>"
 
 
 def _case_line(c: dict) -> str:

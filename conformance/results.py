@@ -236,27 +236,27 @@ def aggregate(
 
 def bound_table(cases: list[dict]) -> list[dict]:
     """Every bound the checks held an error to (evidence.within), by name: the limit applied on each
-    backend, the largest error an intact run measured there, and each seeded defect that crossed it
-    with the largest error its run measured. `unexplained`: the backends where the limit is more
-    than evidence.WIDE times the intact error and the bound gives no reason."""
+    backend and why it is that wide (each limit its own reason), the largest error an intact run
+    measured there, and each seeded defect that crossed it with the largest error its run measured.
+    `unexplained`: the backends where the limit is more than evidence.WIDE times the intact error
+    and gives no reason there (another backend's reason does not count)."""
     table: dict[str, dict] = {}
     for c in cases:
         for b in c.get("bounds", ()):
             row = table.setdefault(
-                b["bound"],
-                {"bound": b["bound"], "reason": b.get("reason", ""), "limit": {}, "intact": {}, "defects": {}},
+                b["bound"], {"bound": b["bound"], "reason": {}, "limit": {}, "intact": {}, "defects": {}}
             )
             name = c["backend"]
             row["limit"][name] = b["limit"]
+            if b.get("reason"):
+                row["reason"][name] = b["reason"]
             if c["defect"] is None:
                 row["intact"][name] = max(row["intact"].get(name, 0.0), b["error"])
             elif b["error"] > b["limit"]:
                 row["defects"][c["defect"]] = max(row["defects"].get(c["defect"], 0.0), b["error"])
     for row in table.values():
-        row["unexplained"] = (
-            []
-            if row["reason"]
-            else sorted(n for n, err in row["intact"].items() if row["limit"][n] > evidence.WIDE * err)
+        row["unexplained"] = sorted(
+            n for n, err in row["intact"].items() if row["limit"][n] > evidence.WIDE * err and not row["reason"].get(n)
         )
     return sorted(table.values(), key=lambda r: r["bound"])
 

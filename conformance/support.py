@@ -23,12 +23,6 @@ from retro.testing import TinyLlamaSpec, write_tiny_llama
 from . import backends, evidence, registry
 from .backends import Backend
 
-#: the reason of a bound that a comparison with the CPU never comes near off a GPU: the RPC
-#: server runs the CPU's own kernels (its error is the CPU's, about 0); the limit is a GPU's
-GPU_KERNELS = (
-    "sized for a GPU's kernels, which may round F32 products' inputs to TF32 and reorder float sums "
-    "(proved on an RPC server computing so, certify --numerics gpu-like); the CPU's own measure about 0"
-)
 # two runs on a backend not known to repeat to the bit (CUDA), as numpy's allclose reads them: the
 # bound is on |actual - expected| / (atol + rtol |expected|), the largest over the elements
 GPU_RTOL, GPU_ATOL = 1e-4, 1e-6

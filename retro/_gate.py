@@ -31,7 +31,7 @@ REMOVED_AT_LEAST = 0.90
 MEASUREMENT = "topology-rebuild"
 REBUILD_PARTS = ("forward_build_us", "backward_build_us", "alloc_us")
 #: the results package's schema version (retro.conformance writes it; the gate reads it)
-SCHEMA = 2
+SCHEMA = 3
 
 
 @cache

@@ -314,7 +314,7 @@ def test_each_bound_is_shown_beside_what_intact_runs_and_seeded_defects_measured
     table = {b["bound"]: b for b in results.bound_table(cs)}
     assert table["tight"] == {
         "bound": "tight",
-        "reason": "",
+        "reason": {},
         "limit": {"cpu": 1e-6, "rpc": 1e-6},
         "intact": {"cpu": 2e-7, "rpc": 0.0},
         "defects": {"CANCEL-04": 3e-2},
@@ -328,3 +328,35 @@ def test_each_bound_is_shown_beside_what_intact_runs_and_seeded_defects_measured
     assert res["bounds"] == results.bound_table(cs)
     report = markdown.report(res)
     assert "| tight | cpu 1e-06; rpc 1e-06 | cpu 2e-07; rpc 0 | CANCEL-04 0.03 | NONE, yet wide on rpc |" in report
+    assert "| explained | cpu 1e-05 | cpu 0 | - | cpu: sized for a GPU |" in report
+
+
+def test_a_wide_limit_needs_its_own_reason_and_the_rule_fails_without_one(monkeypatch):
+    """Each limit of a bound gives its own reason: a GPU limit's reason does not excuse the CPU's,
+    so a CPU limit more than evidence.WIDE times what the CPU measures, and explained only for the
+    GPU, is unexplained on the CPU and on an RPC server computing as it does, and the report says
+    so (the whole-certification test fails on any such row)."""
+    from retro.conformance import backends, evidence
+
+    monkeypatch.delenv(backends.RPC_NUMERICS_ENV, raising=False)
+    b = evidence.Bound("b", 1e-3, cpu=1e-6, reason="a GPU's products at TF32: measured 2e-4")
+    assert (b.reason_on("vulkan"), b.reason_on("cpu"), b.reason_on("rpc")) == (b.reason, "", "")
+    monkeypatch.setenv(backends.RPC_NUMERICS_ENV, "gpu-like")  # a server computing as a GPU: the GPU's
+    assert (b.on("rpc"), b.reason_on("rpc")) == (1e-3, b.reason)
+    monkeypatch.delenv(backends.RPC_NUMERICS_ENV)
+
+    def run(backend: str, error: float) -> dict:
+        c = case("a", ["CANCEL-04"], "pass", backend)
+        ledger = evidence.begin(None, backend)
+        try:
+            evidence.within("CANCEL-04", b, "x", error)
+            return c | {"bounds": list(ledger.bounds.values())}
+        finally:
+            evidence.end()
+
+    cs = [run("cpu", 1e-8), run("rpc", 2e-7), run("vulkan", 1e-5)]
+    (row,) = results.bound_table(cs)
+    assert row["reason"] == {"vulkan": b.reason}  # 100 times vulkan's error, with its reason
+    assert row["unexplained"] == ["cpu"]  # 100 times the CPU's: its own limit gives no reason
+    res = results.aggregate({"start_time": "t"}, {n: AVAILABLE for n in ("cpu", "rpc", "vulkan")}, cs, ["CANCEL-04"])
+    assert "vulkan: a GPU's products at TF32: measured 2e-4; NONE, yet wide on cpu |" in markdown.report(res)

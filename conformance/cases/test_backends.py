@@ -21,15 +21,28 @@ from retro.conformance.evidence import Bound, against_oracle, bound, expect, nms
 from retro.conformance.plugin import not_supported
 from retro.devices import BACKENDS
 
-#: NMSE against the CPU: kernels may reorder float sums, never more. AdamW divides each gradient
+#: NMSE against the CPU: kernels may reorder float sums, never more (an RPC server with the CPU's
+#: numerics runs the CPU's own kernels: 0). AdamW divides each gradient
 #: by its own running magnitude, so rounding differences in small gradients grow into the
 #: parameters, and the trained model's logits inherit them; what each measured, intact and under
 #: the seeded defects, is in the report's bound table
 TOLERANCE = {
-    "loss": Bound("HARNESS-01 train loss NMSE", 1e-8, reason=support.GPU_KERNELS),
-    "parameters": Bound("HARNESS-01 parameters NMSE after 8 AdamW steps", 1e-5, reason=support.GPU_KERNELS),
-    "logits": Bound("HARNESS-01 decode logits NMSE", 1e-5, reason=support.GPU_KERNELS),
-    "moments": Bound("HARNESS-01 AdamW moments NMSE", 1e-4, reason=support.GPU_KERNELS),
+    "loss": Bound(
+        "HARNESS-01 train loss NMSE",
+        2e-11,
+        cpu=0.0,
+        reason="lavapipe measures 9.7e-13, the GPU-like server 4.0e-13; an NMSE grows with the square of the "
+        "H200's logit error, 2.3 times the emulation's: 5e-12 expected on CUDA, 4x that",
+    ),
+    "parameters": Bound("HARNESS-01 parameters NMSE after 8 AdamW steps", 1e-5, cpu=0.0),
+    "logits": Bound("HARNESS-01 decode logits NMSE", 1e-5, cpu=0.0),
+    "moments": Bound(
+        "HARNESS-01 AdamW moments NMSE",
+        1e-4,
+        cpu=0.0,
+        reason="lavapipe measures 9.6e-6, the GPU-like server 6.7e-6: the second moment squares each "
+        "gradient's difference, and the H200's logit error is 2.3 times the emulation's",
+    ),
 }
 
 

@@ -280,10 +280,16 @@ def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, t
 
 
 #: AdamW's second moment against its first, as the update computes both (float32 squares)
-ADAMW_SECOND_MOMENT = Bound("BASE-03 AdamW v vs (1 - b2) g^2, relative", 1e-4, cpu=5e-6, reason=support.GPU_KERNELS)
+ADAMW_SECOND_MOMENT = Bound("BASE-03 AdamW v vs (1 - b2) g^2, relative", 5e-6)
 #: a step's parameters read back against numpy's update of the weights read before it (float32
 #: rounding of the update, on weights of order 1)
-STEP_READ_BACK = Bound("BASE-03 step read back vs numpy's update, absolute", 1e-6, cpu=5e-8, reason=support.GPU_KERNELS)
+STEP_READ_BACK = Bound(
+    "BASE-03 step read back vs numpy's update, absolute",
+    5e-7,
+    cpu=5e-8,
+    reason="lavapipe measures 6.0e-8, an ulp of a weight in [0.5, 1), where a GPU's AdamW divides and takes "
+    "the root its own way (the GPU-like server, which emulates matrix products only, 7.5e-9): 8 ulps",
+)
 
 
 @pytest.mark.clause("BASE-03")
@@ -354,20 +360,17 @@ def test_an_sgd_step_read_back_matches_numpy(backend, model_path, seed):
 #: micro-batches the KV cache holds the keys and values in f16 as well. A GPU's kernels reorder
 #: float sums (and may use lower-precision products): their limit is wider than the CPU's.
 GRADIENT_REL = {
-    "whole windows": Bound(
-        "BASE-01 gradient vs numpy in whole windows, relative", 5e-3, cpu=1e-5, reason=support.GPU_KERNELS
-    ),
-    "micro-batches": Bound(
-        "BASE-01 gradient vs numpy in micro-batches (f16 KV cache), relative",
-        5e-3,
-        cpu=2e-3,
-        reason=support.GPU_KERNELS,
-    ),
+    "whole windows": Bound("BASE-01 gradient vs numpy in whole windows, relative", 5e-3, cpu=1e-5),
+    "micro-batches": Bound("BASE-01 gradient vs numpy in micro-batches (f16 KV cache), relative", 5e-3, cpu=2e-3),
 }
 #: a step moves each weight by lr times its accumulated gradient: with lr 1 the CPU's w - lr * g
 #: is numpy's to the bit
 STEP_APPLIED = Bound(
-    "BASE-01 step applied vs lr times the accumulator, absolute", 1e-6, cpu=0.0, reason=support.GPU_KERNELS
+    "BASE-01 step applied vs lr times the accumulator, absolute",
+    1e-6,
+    cpu=0.0,
+    reason="a GPU may contract w - lr * g into one fused multiply-add, one rounding fewer than numpy's: up "
+    "to an ulp of a weight of order 1 (1.2e-7; lavapipe and the GPU-like server measure 0), 8 ulps",
 )
 
 

@@ -22,19 +22,47 @@ WIDTH = 256
 WEIGHTS = np.array([0.0, 0.125, 0.25, 0.5, 1.0], dtype=np.float32)
 #: NMSE of a step's update against the CPU's, or the fused head's against the dense head's: a
 #: gradient kernel that ignores the label rows' sums is off by O(1)
-UPDATE_NMSE = Bound("HOST-08 step update NMSE", 1e-5, cpu=2e-9, reason=support.GPU_KERNELS)
+UPDATE_NMSE = Bound(
+    "HOST-08 step update NMSE",
+    1e-5,
+    cpu=2e-9,
+    reason="the GPU-like server measures 9.0e-7 (Vulkan on lavapipe 8.3e-7), and an NMSE grows with the "
+    "square of the H200's logit error, 2.3 times the emulation's: 4.7e-6 expected on CUDA, 2x that",
+)
 #: NMSE of the fused head's update, repeated ids against their merged weights: the same sum up to
 #: float32 rounding (a dropped weight is off by O(1))
-MERGED_NMSE = Bound("HOST-08 repeated vs merged ids update NMSE", 1e-8, cpu=5e-10, reason=support.GPU_KERNELS)
+MERGED_NMSE = Bound(
+    "HOST-08 repeated vs merged ids update NMSE",
+    3e-9,
+    cpu=5e-10,
+    reason="the GPU-like server measures 3.0e-10 (lavapipe 8.8e-11); times 5.3, the square of the H200's "
+    "logit error over the emulation's: 1.6e-9 expected on CUDA, 2x that",
+)
 #: a step's loss against numpy's weighted cross-entropy over the logits of a decode (float32
 #: against float64, and the decode's logits against the step's forward pass)
 NUMPY_LOSS = Bound(
-    "HOST-08 loss vs numpy's weighted cross-entropy, relative", 1e-3, cpu=2e-6, reason=support.GPU_KERNELS
+    "HOST-08 loss vs numpy's weighted cross-entropy, relative",
+    8e-6,
+    cpu=2e-6,
+    reason="the GPU-like server measures up to 9.5e-7 over the whole certification (lavapipe 7.8e-7), and "
+    "a loss's relative error grows with the H200's logit error, 2.3 times the emulation's: 2.2e-6 "
+    "expected on CUDA, 3.6x that",
 )
 #: the loss of a step against the reference step's, relative: repeated ids against merged ones
 #: (on the CPU to the bit: the weights are powers of two), the fused head against the dense head
-MERGED_LOSS = Bound("HOST-08 repeated vs merged ids loss, relative", 1e-6, cpu=0.0, reason=support.GPU_KERNELS)
-HEADS_LOSS = Bound("HOST-08 fused vs dense head loss, relative", 1e-5, cpu=2e-6, reason=support.GPU_KERNELS)
+MERGED_LOSS = Bound(
+    "HOST-08 repeated vs merged ids loss, relative",
+    1e-6,
+    cpu=0.0,
+    reason="a GPU's cross-entropy kernel sums a repeated id's rows in another order than the merged weight "
+    "(lavapipe measures 1.1e-7, the GPU-like server 0): 9x lavapipe's",
+)
+HEADS_LOSS = Bound(
+    "HOST-08 fused vs dense head loss, relative",
+    2e-6,
+    reason="the two heads sum the vocabulary's float32 terms in different orders: the CPU measures 3.3e-7, "
+    "the GPU-like server 2.2e-7, lavapipe 0 (one kernel for both): 6x the CPU's",
+)
 
 
 def _n_vocab(backend, model_path) -> int:

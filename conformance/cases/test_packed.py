@@ -24,7 +24,11 @@ SEQUENCES = 16  # sequence ids of the checks' contexts: more than any micro-batc
 #: a packed loss against numpy's over per-document decodes, relative (float32 sums in another
 #: order); attention across documents moves it by O(1e-2)
 PACKED_LOSS = Bound(
-    "HOST-06 packed eval loss vs numpy over each document alone, relative", 1e-4, cpu=4e-6, reason=support.GPU_KERNELS
+    "HOST-06 packed eval loss vs numpy over each document alone, relative",
+    1e-5,
+    cpu=2e-6,
+    reason="lavapipe measures 1.2e-6 (the GPU-like server 1.9e-7): a GPU's attention sums each document's "
+    "rows in its own order; 8x lavapipe's",
 )
 
 

@@ -30,10 +30,30 @@ from retro.transactions import Profile, ProfileError, Transaction
 
 #: attn_norm-0 as the handler sees it against numpy's RMS norm of the token embeddings (float32
 #: against float64; an uncomputed node holds another graph's values, off by O(1))
-NORM_ROWS = Bound("TX-ACC-01 attn_norm-0 seen vs numpy, relative", 1e-5, cpu=5e-7, reason=support.GPU_KERNELS)
+NORM_ROWS = Bound(
+    "TX-ACC-01 attn_norm-0 seen vs numpy, relative",
+    1e-6,
+    cpu=5e-7,
+    reason="a GPU sums the squares of an RMS norm by warps, in another order than the CPU; lavapipe and the "
+    "GPU-like server measure the CPU's 8.6e-8 (the emulation changes matrix products only): 12x that",
+)
 #: a node's rows captured in micro-batches against the same rows of one whole batch: the same
 #: kernels on the same rows, on the CPU to the bit (rows out of place differ by O(1))
-SPLIT_ROWS = Bound("TX-ACC-07 rows captured split vs whole, absolute", 1e-6, cpu=0.0, reason=support.GPU_KERNELS)
+SPLIT_ROWS = Bound(
+    "TX-ACC-07 rows captured split vs whole, absolute",
+    1e-6,
+    cpu=0.0,
+    reason="CUDA picks a matrix kernel by the batch's row count (a vector kernel for one row, tiles for "
+    "many), so a row computed in a smaller batch rounds another way (lavapipe and the GPU-like server: "
+    "0); 8 ulps of a value of order 1",
+)
+#: the steering a mutable copy wrote back (steered minus unsteered logits, against numpy's v . W^T),
+#: in units of the backend's own error on the same product: that error measured on the unsteered
+#: logits against float64 numpy (largely cancelling in the difference; a GPU's F32 product may run
+#: at TF32), floored at 5e-7 of the logits' scale for the F32 rounding of two decodes where it comes
+#: out small (the CPU measures 0.33 of it). A copy written twice, or not at all, is off by the whole
+#: steering (about 0.26)
+STEERING = Bound("TX-ACC-09 steering written back vs numpy, in the backend's own product errors", 3.0)
 
 
 def refused(node: str, message: str) -> tuple[str, str, str, str, str]:
@@ -247,12 +267,7 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
 
     The bound comes from the backend, not from CPU numerics: the steering is read as the
     difference between the steered and the unsteered logits, in which the backend's own error on
-    the output product largely cancels, and is held to four times that error as measured on the
-    unsteered logits against float64 numpy (a GPU's F32 product may run at TF32 precision), with
-    a floor of 2e-6 of the logits' scale, for the F32 rounding of two decodes where the unsteered
-    error happens to come out small (the CPU measures about 1e-7 at a scale of 0.6: the floor is
-    about 10 times that). A copy written twice, or not at all, is off by the whole steering,
-    |v . W^T| (about 0.26); the record shows the bound beside both figures."""
+    the output product largely cancels, and is held to three times that error (STEERING)."""
     model, profile = loaded
     v = np.random.default_rng(seed).normal(0, 0.5, model.n_embd).astype(np.float32)
     w = model.tensor("output.weight").astype(np.float64)
@@ -264,25 +279,16 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
     backend_error = float(np.abs(unsteered - norm.astype(np.float64) @ w.T).max())
     steering = v.astype(np.float64) @ w.T  # what one write-back of the vector adds to each row
     error = float(np.abs((steered - unsteered) - steering).max())
-    tolerance = max(4 * backend_error, 2e-6 * float(np.abs(unsteered).max()))
-    measure(
-        "steering-write-back",
-        bound=tolerance,
-        error=error,
-        backend_error=backend_error,
-        defect_error=float(np.abs(steering).max()),
-    )
+    unit = max(backend_error, 5e-7 * float(np.abs(unsteered).max()))
+    tolerance = STEERING.on(backend.name) * unit
+    measure("steering-write-back", error=error, unit=unit, defect_error=float(np.abs(steering).max()))
     expect(
         "TX-ACC-09",
         tolerance < 0.1 * float(np.abs(steering).max()),
         f"the backend's own error ({backend_error:.3g}) leaves a bound ({tolerance:.3g}) that could hide a copy "
         "written twice or not at all",
     )
-    with bound("TX-ACC-09"):
-        assert error <= tolerance, (
-            f"steered logits moved {error:.3g} away from once the steering (bound {tolerance:.3g}, "
-            f"the backend's own error {backend_error:.3g})"
-        )
+    within("TX-ACC-09", STEERING, f"value={value}: steered minus unsteered logits", error / unit)
     untouched = plain_state(model, TOKENS)
     sel = [profile.select("attn_norm-0", access="mutable-f32")]
     with tx_context(model, profile, sel, steer(v, poison_last=float(value))) as ctx:
