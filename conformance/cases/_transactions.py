@@ -58,13 +58,14 @@ def raise_at(k: int, exc: Callable[[], BaseException] = lambda: ValueError("hand
 
 
 def decode_ok(clause: str, ctx: retro.Context, tokens: list[int]) -> np.ndarray | None:
-    """Decode, bound to `clause`: a failed transaction is a failed assertion of that clause. The
-    logits, or None where the clause was not enforced and its failure recorded."""
+    """Decode, bound to `clause`: a decode that fails in any way (a failed transaction, an error
+    raised handing the handler its copy) is a failed assertion of that clause. The logits, or None
+    where the clause was not enforced and its failure recorded."""
     with bound(clause):
         try:
             return ctx.decode(tokens)
-        except retro.DecodeError as err:
-            pytest.fail(f"the decode failed: {err}")
+        except Exception as err:  # noqa: BLE001 - the clause promised a decode that succeeds
+            pytest.fail(f"the decode failed: {type(err).__name__}: {err}")
     return None
 
 

@@ -182,8 +182,10 @@ def main() -> int:
     if args.rejudge:
         wanted = set(args.rejudge.split(","))
         defects = [d for d in defects if d["id"] in wanted]
-    done = {ln.split()[0] for ln in lines if not ln.split(" at ")[0].endswith("not judged")}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    # a re-judgment is a draw at a commit: one made at an earlier commit is no reason not to draw again
+    drawn = [ln for ln in lines if not args.rejudge or f" at {head.strip()}:" in ln]
+    done = {ln.split()[0] for ln in drawn if not ln.split(" at ")[0].endswith("not judged")}
     todo = [d for d in defects if d["id"] not in done]
     try:
         judge_each(todo, args.clause, verdicts, head.strip())
