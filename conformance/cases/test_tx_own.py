@@ -450,8 +450,8 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         with bound("TX-OWN-06"):  # and so is the drain: an array it cannot hand over is the clause's
             try:
                 first = ctx.drain_captures()[0].data.copy()
-            except Exception as err:  # noqa: BLE001 - the clause promised the capture as an array of its own
-                pytest.fail(f"the kept capture could not be drained: {type(err).__name__}: {err}")
+            except Exception as exc:  # noqa: BLE001 - the clause promised the capture as an array of its own
+                pytest.fail(f"the kept capture could not be drained: {type(exc).__name__}: {exc}")
         kept[0][:] = 1e6  # after the decode returned
         ctx.reset()
         ctx.decode(TOKENS[:4])
