@@ -142,7 +142,7 @@ def record(round_dir: Path, name: str, clause: str | None) -> int:
             "first_judgment": "caught" if outcome == "caught" else "escaped",
         }
         body = "\n".join(f"{k} = {_toml(v)}" for k, v in entry.items())
-        other = re.search(r"ClauseViolation: ([A-Z]+(?:-[A-Z]+)?-\d+):", why) if outcome == "unbound" else None
+        other = re.search(r"ClauseViolation: ([A-Z]+(?:-[A-Z]+)?-\d+[a-z]?):", why) if outcome == "unbound" else None
         if outcome == "caught":
             body += f"\ncaught_by = {_toml([own])}"
         elif other and other.group(1) != own:  # caught, by another clause's assertion: not counted
