@@ -102,6 +102,12 @@ def test_a_patch_of_every_backend_applies_to_a_tree_without_some(tmp_path):
     assert not (dest / "ggml/src/ggml-cuda").exists()
     assert run("--dest", dest, "--patches", patches, "--local-tree", src, "--backends", "cuda").returncode == 0
     assert (dest / "ggml/src/ggml-cuda/x.cu").read_text() == "int cuda_kernel;\n"
+    # a patch of one backend alone is left out of a tree without it, and applied to one with it
+    cuda_only = EVERY_BACKEND[EVERY_BACKEND.index("diff --git a/ggml/src/ggml-cuda") :]
+    (patches / "0002-cuda-kernel.patch").write_text("Subject: a CUDA kernel\n\nWhat: ... Why: ...\n\n" + cuda_only)
+    dest2 = tmp_path / "prepared-cpu"
+    assert run("--dest", dest2, "--patches", patches, "--local-tree", src).returncode == 0
+    assert not (dest2 / "ggml/src/ggml-cuda").exists()
 
 
 def test_a_new_patch_replaces_only_the_files_it_changes(tmp_path):

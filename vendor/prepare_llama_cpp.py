@@ -158,9 +158,12 @@ def for_tree(patch: str, backends: list[str]) -> str:
 
 def apply_patches(tree: Path, patches: list[Path], backends: list[str]) -> None:
     for p in patches:
+        text = for_tree(p.read_text(), backends)
+        if not re.search(r"(?m)^--- a/", text):
+            continue  # a patch of backends this tree leaves out: nothing of it is here
         done = subprocess.run(
             ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch"],
-            input=for_tree(p.read_text(), backends),
+            input=text,
             cwd=tree,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
