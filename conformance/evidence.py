@@ -11,14 +11,17 @@ An intact run that never asserted through a clause it cites fails: that citation
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pytest
 
 from . import backends, registry
+
+T = TypeVar("T")
 
 
 class ClauseViolation(AssertionError):
@@ -82,7 +85,9 @@ def expect(clause: str, condition: object, message: str = "") -> None:
 def bound(clause: str) -> Iterator[None]:
     """Bind the assertions inside (numpy.testing, pytest.raises, plain assert) to `clause`. Where
     the clause is not enforced (another clause's defect run), a failure inside is recorded and the
-    block is left."""
+    block is left. An exception escaping the block is its assertion failing too: a pytest.raises
+    that met another kind of exception, a comparison that could not be made (the block holds
+    only what the clause promises, so what it raises is the clause's failure, not the check's)."""
     try:
         yield
     except (AssertionError, pytest.fail.Exception) as err:
@@ -90,8 +95,38 @@ def bound(clause: str) -> Iterator[None]:
             raise
         text = (str(err).strip().splitlines() or ["assertion failed"])[0]
         _record(ClauseViolation(clause, text), clause)
+    except Exception as err:  # noqa: BLE001 - see above; pytest's outcomes are no Exception
+        text = (str(err).strip().splitlines() or [""])[0]
+        _record(ClauseViolation(clause, f"raised {type(err).__name__}: {text}"[:500]), clause)
     else:
         _record(None, clause)
+
+
+@contextmanager
+def raises_bound(clause: str, kind: type[BaseException]) -> Iterator[pytest.ExceptionInfo]:
+    """pytest.raises(kind), bound to `clause`: the block raising nothing, or an exception of
+    another kind, is a failed assertion of the clause (another kind is what the clause promised
+    not coming, not an error of the check)."""
+    with bound(clause):
+        try:
+            with pytest.raises(kind) as info:
+                yield info
+        except (AssertionError, pytest.fail.Exception):
+            raise
+        except Exception as err:  # noqa: BLE001 - the clause's failure, named
+            pytest.fail(f"raised {type(err).__name__}: {err} where {kind.__name__} was due")
+
+
+def succeeds(clause: str, what: str, call: Callable[[], T]) -> T | None:
+    """`call()`, bound to `clause`, which promised it succeeds: whatever it raises is a failed
+    assertion of the clause, never an error of the check. Its result, or None where the clause was
+    not enforced (another clause's defect run) and the failure was recorded."""
+    with bound(clause):
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - the clause promised a call that succeeds
+            pytest.fail(f"{what} failed: {type(err).__name__}: {err}")
+    return None
 
 
 def nmse(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -89,6 +89,35 @@ def test_a_defect_is_caught_only_by_an_assertion_bound_to_its_clause(pytester):
     assert by["BASE-03"]["outcome"] == "caught" and by["BASE-03"]["caught"]["clause"] == "BASE-03"
 
 
+def test_an_exception_escaping_a_bound_block_is_its_clauses_failure(pytester):
+    """A pytest.raises bound to a clause that meets another kind of exception (the refusal the
+    clause promised did not come), or a bound call that raises, fails the clause's assertion: the
+    defect is caught by its own clause, not left to an error outside every assertion."""
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+        from retro._native import hooks
+        from retro.conformance.evidence import bound, expect, succeeds
+        @pytest.mark.clause("BASE-01", "BASE-03")
+        def test_x(backend):
+            with bound("BASE-01"), pytest.raises(ValueError):
+                raise (KeyError if hooks.defect_on("BASE-01") else ValueError)("refused")
+            def call():
+                if hooks.defect_on("BASE-03"):
+                    raise RuntimeError("the call failed")
+                return 3
+            expect("BASE-03", succeeds("BASE-03", "the call", call) == 3)
+    """
+    )
+    _, recs = _results(pytester)
+    by = {r["defect"]: r for r in recs if r["backend"] == "cpu"}
+    assert by[None]["outcome"] == "pass"
+    assert by["BASE-01"]["outcome"] == "caught", by["BASE-01"]["message"]
+    assert "raised KeyError" in by["BASE-01"]["caught"]["assertion"]
+    assert by["BASE-03"]["outcome"] == "caught", by["BASE-03"]["message"]
+    assert "the call failed: RuntimeError" in by["BASE-03"]["caught"]["assertion"]
+
+
 def test_a_check_must_assert_through_every_clause_it_cites(pytester):
     pytester.makepyfile(
         test_x="""

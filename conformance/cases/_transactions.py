@@ -12,7 +12,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import bound
+from retro.conformance.evidence import succeeds
 from retro.transactions import Profile, Selector, TensorTransactions, Transaction
 
 N_UBATCH = 4
@@ -61,27 +61,7 @@ def decode_ok(clause: str, ctx: retro.Context, tokens: list[int]) -> np.ndarray 
     """Decode, bound to `clause`: a decode that fails in any way (a failed transaction, an error
     raised handing the handler its copy) is a failed assertion of that clause. The logits, or None
     where the clause was not enforced and its failure recorded."""
-    with bound(clause):
-        try:
-            return ctx.decode(tokens)
-        except Exception as err:  # noqa: BLE001 - the clause promised a decode that succeeds
-            pytest.fail(f"the decode failed: {type(err).__name__}: {err}")
-    return None
-
-
-@contextlib.contextmanager
-def raises_bound(clause: str, kind: type[BaseException]) -> Iterator[pytest.ExceptionInfo]:
-    """pytest.raises(kind), bound to `clause`: the block raising nothing, or an exception of
-    another kind, is a failed assertion of the clause (another kind is what the clause promised
-    not coming, not an error of the check)."""
-    with bound(clause):
-        try:
-            with pytest.raises(kind) as info:
-                yield info
-        except (AssertionError, pytest.fail.Exception):
-            raise
-        except Exception as err:  # noqa: BLE001 - the clause's failure, named
-            pytest.fail(f"raised {type(err).__name__}: {err} where {kind.__name__} was due")
+    return succeeds(clause, "the decode", lambda: ctx.decode(tokens))
 
 
 def foreign_profile(profile: Profile, name: str, **changes) -> Profile:

@@ -16,7 +16,7 @@ import pytest
 
 import retro
 from retro.conformance import support
-from retro.conformance.evidence import Bound, bound, expect, on_path, within
+from retro.conformance.evidence import Bound, bound, expect, on_path, succeeds, within
 from retro.testing import last_step_tokens, micro_batch, packed_batch
 
 WIDTH = 256
@@ -250,7 +250,10 @@ def test_the_packed_batch_keeps_one_geometry_and_is_replaced_when_it_changes(bac
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64, sequences=SEQUENCES) as ctx:
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.25)) as tr, support.native_warnings() as warned:
             plan = tr.plan(ds)
-            tr.epoch(ds, progress=lambda p: seen.append(packed_batch(ctx)))
+            # a batch llama.cpp refuses to build is a geometry not kept: the clause's failure
+            succeeds(
+                "HOST-06", "the packed epoch", lambda: tr.epoch(ds, progress=lambda p: seen.append(packed_batch(ctx)))
+            )
             short = support.windows(1, 32, n_vocab, seed + 78)
             micro_batch(tr, short.tokens[0], short.labels[0])  # a step of another token count
             seen.append(packed_batch(ctx))
@@ -281,7 +284,11 @@ def test_the_packed_batch_keeps_one_geometry_and_is_replaced_when_it_changes(bac
     stepped = []
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=32, sequences=SEQUENCES) as ctx:
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.25)) as tr:
-            tr.epoch(halves, progress=lambda p: stepped.append(packed_batch(ctx)))
+            succeeds(
+                "HOST-06",
+                "two documents' epoch",
+                lambda: tr.epoch(halves, progress=lambda p: stepped.append(packed_batch(ctx))),
+            )
     got = [(b.positions.tolist(), b.sequences.tolist()) for b in stepped]
     want = [(list(range(32)), [0] * 32), (list(range(32)), [1] * 32)]
     expect("HOST-06", got == want, f"two steps of the same positions, the second in sequence 1: {got}")
@@ -290,9 +297,10 @@ def test_the_packed_batch_keeps_one_geometry_and_is_replaced_when_it_changes(bac
     two = retro.PackedDataset(np.ascontiguousarray(ds.tokens[1:3]), np.ascontiguousarray(ds.documents[1:3]))
     with support.load(backend, model_path) as model, support.context(model, n_ubatch=64, sequences=SEQUENCES) as ctx:
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.25)) as tr:
-            m = tr.epoch(two, val_fraction=0.5)
+            m = succeeds("HOST-06", "the evaluated epoch", lambda: tr.epoch(two, val_fraction=0.5))
         path = support.saved(model, model_path.parent / f"host06-{backend.name}-{seed}.gguf")
     expected_loss = _numpy_loss(backend, path, two, 1) / 64
-    expect("HOST-06", m.eval_loss is not None, "a packed window evaluated without an eval loss")
-    off = abs((m.eval_loss or 0.0) - expected_loss) / abs(expected_loss)
+    eval_loss = m.eval_loss if m is not None else None
+    expect("HOST-06", eval_loss is not None, "a packed window evaluated without an eval loss")
+    off = abs((eval_loss or 0.0) - expected_loss) / abs(expected_loss)
     within("HOST-06", PACKED_LOSS, "eval loss of a packed window vs numpy over its documents decoded alone", off)

@@ -21,10 +21,9 @@ from retro.conformance.cases._transactions import (
     plain_context,
     plain_state,
     raise_at,
-    raises_bound,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect, on_path
+from retro.conformance.evidence import bound, expect, on_path, raises_bound
 from retro.testing import scheduler_data_phase_entries
 from retro.transactions import Profile, TensorTransactions, Transaction
 

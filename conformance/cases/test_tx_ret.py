@@ -16,10 +16,9 @@ from retro.conformance.cases._transactions import (
     committed_positions,
     fails_closed,
     foreign_profile,
-    raises_bound,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect, on_path
+from retro.conformance.evidence import bound, expect, on_path, raises_bound
 from retro.transactions import Profile, TensorTransactions, Transaction
 
 
