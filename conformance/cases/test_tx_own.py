@@ -34,7 +34,7 @@ from retro.conformance.cases._transactions import (
     rows_of,
     tx_context,
 )
-from retro.conformance.evidence import bound, expect, on_path
+from retro.conformance.evidence import bound, expect, on_path, succeeds
 from retro.transactions import TensorTransactions, Transaction
 from retro.unsafe import TensorCapture
 
@@ -361,7 +361,11 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
     model, profile = loaded
     sel = [profile.select("attn_norm-0", retain=True)]
     with tx_context(model, profile, sel) as ctx:
-        g = ctx.generate(model.tokenize("hello world"), 6, stop_at_eog=False)
+        # a decode the hooks do not bracket fails the generation: the clause's failure, not the check's
+        g = succeeds(
+            "TX-OWN-05", "the generation", lambda: ctx.generate(model.tokenize("hello world"), 6, stop_at_eog=False)
+        )
+        assert g is not None  # None only where TX-OWN-05 is not enforced, and this check cites no other
         covered = committed_positions(ctx.drain_captures(), "attn_norm-0")
         held = ctx.sequence_length
         expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")
@@ -374,7 +378,12 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
     ):
         with tx_context(model, profile, sel) as ctx:
             prompt = TOKENS[:3]
-            g = ctx.generate(prompt, 12, stop_at_eog=False, draft=draft, n_draft=3)
+            g = succeeds(
+                "TX-OWN-05",
+                "the speculative generation",
+                lambda: ctx.generate(prompt, 12, stop_at_eog=False, draft=draft, n_draft=3),
+            )
+            assert g is not None
             covered = committed_positions(ctx.drain_captures(), "attn_norm-0")
             drafting = committed_positions(draft.drain_captures(), "attn_norm-0")
             expect("TX-OWN-05", 0 < g.accepted < g.drafted, f"{g.accepted} of {g.drafted} drafted tokens kept")
