@@ -32,12 +32,25 @@ NATIVE_SWITCH = re.compile(
 PYTHON_SWITCH = re.compile(r"(?:_checks\.)?seeded\(\"[^\"]+\"\)")
 # a comment that names a seeded defect: the whole comment goes (a line that was only the comment, too)
 COMMENT = re.compile(r"\s*(?://|#)\s*seeded defect.*$")
+# a seeded defect named inside a longer comment: the parenthesis goes
+ASIDE = re.compile(r"\s*\(seeded defect[^)]*\)")
+# a statement choosing which switch applies (`const enum retro_defect x = a ? RETRO_DEFECT_A : ...;`)
+# goes whole, with the comment above it: it only names the switches
+CHOICE = re.compile(r"\s*const enum retro_defect \w+ =")
 
 
 def released(text: str) -> str:
-    out = []
+    out: list[str] = []
+    choosing = False
     for line in text.split("\n"):
-        line = NATIVE_SWITCH.sub("false", line)
+        if CHOICE.match(line):
+            choosing = True
+            if out and out[-1].strip().startswith("//"):
+                out.pop()
+        if choosing:
+            choosing = not line.rstrip().endswith(";")
+            continue
+        line = ASIDE.sub("", NATIVE_SWITCH.sub("false", line))
         line = PYTHON_SWITCH.sub("False", line)
         stripped = COMMENT.sub("", line)
         if stripped.strip() or not line.strip():
