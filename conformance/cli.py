@@ -527,11 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--numerics",
-        choices=("cpu", "gpu-like"),  # retro.rpc.NUMERICS, without loading the native module here
+        choices=("cpu", "gpu-like", "gpu-like-nearest"),  # retro.rpc.NUMERICS, without loading the native module
         default="cpu",
-        help="how the RPC servers' CPU computes F32 matrix products: upstream's (default), or as a GPU does "
-        "(TF32 inputs, a warp's summation order): the RPC backend is then held to a GPU's bounds, proving "
-        "them without a GPU",
+        help="how the RPC servers' CPU computes matrix products, forward and backward: upstream's (default), or "
+        "as CUDA does on an H100/H200 (by the row count: TF32 inputs for 4 to 16 rows, truncated or, "
+        "-nearest, rounded; the F32 side against the F16 KV cache in F16; a warp's summation order): the RPC "
+        "backend is then held to a GPU's bounds, proving them without a GPU",
     )
     c.add_argument(
         "--case-timeout",

@@ -11,7 +11,7 @@ An intact run that never asserted through a clause it cites fails: that citation
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -155,24 +155,30 @@ class Bound:
     is that limit, on every backend that computes with them (backends.cpu_numerics). A limit more
     than WIDE times what an intact run measures says why, with the figure it was sized from: `reason`
     for `limit`, `cpu_reason` for `cpu` (each limit its own reason: a GPU's does not excuse the
-    CPU's, results.bound_table)."""
+    CPU's, results.bound_table). A backend measured to need less than `limit` (or more) has its own,
+    in `measured`: (limit, reason) by backend name, the RPC backend's for its GPU-like numerics."""
 
     name: str
     limit: float
     cpu: float | None = None
     reason: str = ""
     cpu_reason: str = ""
+    measured: Mapping[str, tuple[float, str]] = field(default_factory=dict, hash=False, compare=False)
 
     def _for_cpu(self, backend: str) -> bool:
         return backends.cpu_numerics(backend) and self.cpu is not None
 
     def on(self, backend: str) -> float:
         """The limit that applies on `backend`."""
-        return self.cpu if self._for_cpu(backend) and self.cpu is not None else self.limit
+        if self._for_cpu(backend) and self.cpu is not None:
+            return self.cpu
+        return self.measured[backend][0] if backend in self.measured else self.limit
 
     def reason_on(self, backend: str) -> str:
         """Why the limit that applies on `backend` is as wide as it is ("" where none is given)."""
-        return self.cpu_reason if self._for_cpu(backend) else self.reason
+        if self._for_cpu(backend):
+            return self.cpu_reason
+        return self.measured[backend][1] if backend in self.measured else self.reason
 
 
 def within(clause: str, bound: Bound, observation: str, error: float, what: str = "error") -> None:

@@ -66,10 +66,12 @@ def connect(endpoint: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> list[De
     return [d for d in devices() if d.backend == "RPC" and d.description == endpoint]
 
 
-#: how a server's CPU computes F32 matrix products: as upstream, or as a GPU does (TF32 inputs, a
-#: warp's summation order; a test hook of the fork, absent from a release build), so that a check's
-#: bounds can be proved against a GPU's numerics where no GPU is
-NUMERICS = ("cpu", "gpu-like")
+#: how a server's CPU computes matrix products, forward and backward: as upstream, or as CUDA does on
+#: an H100/H200 (by the product's row count: TF32 inputs for 4 to 16 rows, truncated as its tensor
+#: cores take F32 data or, "-nearest", rounded; the F32 side against the F16 KV cache in F16; a warp's
+#: summation order; a test hook of the fork, absent from a release build), so that a check's bounds
+#: can be proved against a GPU's numerics where no GPU is
+NUMERICS = ("cpu", "gpu-like", "gpu-like-nearest")
 
 
 def _numerics(numerics: str) -> str:
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=LOOPBACK)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--numerics", choices=NUMERICS, default="cpu", help="how F32 matrix products are computed")
+    ap.add_argument("--numerics", choices=NUMERICS, default="cpu", help="how matrix products are computed (NUMERICS)")
     args = ap.parse_args(argv)
     endpoint = f"{args.host}:{args.port}"
     parse_endpoint(endpoint)

@@ -60,10 +60,11 @@ def test_certify_everything_writes_four_files_and_is_honest_about_what_is_missin
     keep the topology-cache gate refused for a package that holds them. The package is four files,
     its results.json valid against the schema and naming the build.
 
-    The RPC servers compute like a GPU (--numerics gpu-like: TF32 inputs to F32 products, a warp's
-    summation order), so that every bound is proved against a GPU's numerics with every seeded
-    defect still caught, while the CPU keeps its own bounds: a GPU-like RPC certified is what lets
-    a CUDA or Vulkan device's numerics pass the clauses it honours."""
+    The RPC servers compute like a GPU (--numerics gpu-like: products rounded as CUDA's kernel for
+    their row count rounds them, forward and backward, in a warp's summation order), so that every
+    bound is proved against a GPU's numerics with every seeded defect still caught, while the CPU
+    keeps its own bounds: a GPU-like RPC certified is what lets a CUDA or Vulkan device's numerics
+    pass the clauses it honours."""
     rc, res, log = certify(tmp_path, "--backend", "all", "--numerics", "gpu-like")
     if os.environ.get(SHARD_ENV):  # CI merges this package with its other builds' shards
         shutil.copytree(tmp_path / "out", os.environ[SHARD_ENV], dirs_exist_ok=True)

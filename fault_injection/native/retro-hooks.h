@@ -65,12 +65,14 @@ RETRO_HOOKS_API bool retro_defect_on(enum retro_defect defect);
 RETRO_HOOKS_API void retro_defect_set(enum retro_defect defect, bool on);
 #endif
 
-// How the CPU backend computes F32 matrix products: as upstream, or as a GPU does (inputs rounded
-// to TF32, products summed in 32 strided lanes and the lanes reduced by halves, as a warp does), so
-// that the suite's bounds can be proved against GPU numerics on a machine without a GPU (an RPC
+// How the CPU backend computes F32 and F16 x F32 products (MUL_MAT and OUT_PROD, forward and
+// backward): as upstream, or as CUDA does on an H100/H200 (fork patch 0055: by the product's row
+// count, TF32 inputs where its tensor-core kernel runs, truncated or rounded to nearest; the F32 side
+// against F16 in F16; each dot product summed in 32 strided lanes reduced by halves, as a warp does),
+// so that the suite's bounds can be proved against GPU numerics on a machine without a GPU (an RPC
 // server's CPU, certified with `--numerics gpu-like`). Process-wide; a release build computes as
 // upstream only.
-enum retro_numerics { RETRO_NUMERICS_CPU = 0, RETRO_NUMERICS_GPU_LIKE = 1 };
+enum retro_numerics { RETRO_NUMERICS_CPU = 0, RETRO_NUMERICS_GPU_LIKE = 1, RETRO_NUMERICS_GPU_LIKE_NEAREST = 2 };
 #ifdef RETRO_WITHOUT_SEEDED_DEFECTS
 #define retro_numerics() RETRO_NUMERICS_CPU
 #else

@@ -160,7 +160,7 @@ enum retro_numerics retro_numerics(void) {
 }
 
 void retro_numerics_set(enum retro_numerics numerics) {
-    g_numerics.store(numerics == RETRO_NUMERICS_GPU_LIKE ? RETRO_NUMERICS_GPU_LIKE : RETRO_NUMERICS_CPU,
-                     std::memory_order_relaxed);
+    const bool known = numerics == RETRO_NUMERICS_GPU_LIKE || numerics == RETRO_NUMERICS_GPU_LIKE_NEAREST;
+    g_numerics.store(known ? numerics : RETRO_NUMERICS_CPU, std::memory_order_relaxed);
 }
 #endif

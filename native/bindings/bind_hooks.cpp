@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -21,6 +22,13 @@ retro_site site_of(const std::string & name) {
     }
     throw py::value_error("unknown fault site '" + name + "'");
 }
+
+// the numerics' names (retro.rpc.NUMERICS)
+constexpr std::pair<const char *, enum retro_numerics> k_numerics[] = {
+        {"cpu", RETRO_NUMERICS_CPU},
+        {"gpu-like", RETRO_NUMERICS_GPU_LIKE},
+        {"gpu-like-nearest", RETRO_NUMERICS_GPU_LIKE_NEAREST},
+};
 
 #ifdef RETRO_WITHOUT_SEEDED_DEFECTS
 constexpr bool k_seeded_defects = false;
@@ -93,17 +101,29 @@ void bind_hooks(py::module_ & m) {
     hooks.def("stalling", &retro_fault_stalling);
     // every native log line, as it is logged, also to this file descriptor (-1: off)
     hooks.def("mirror_logs", &mirror_logs, py::arg("fd"));
-    // how the CPU backend computes F32 matrix products, process-wide: "cpu" (upstream's) or "gpu-like"
+    // how the CPU backend computes matrix products, process-wide: "cpu" (upstream's), "gpu-like" (TF32
+    // truncated) or "gpu-like-nearest" (TF32 rounded to nearest)
     hooks.def(
             "set_numerics",
             [](const std::string & numerics) {
-                if (numerics != "cpu" && numerics != "gpu-like") {
-                    throw py::value_error("numerics must be 'cpu' or 'gpu-like', got '" + numerics + "'");
+                for (const auto & [name, value] : k_numerics) {
+                    if (numerics == name) {
+                        retro_numerics_set(value);
+                        return;
+                    }
                 }
-                retro_numerics_set(numerics == "cpu" ? RETRO_NUMERICS_CPU : RETRO_NUMERICS_GPU_LIKE);
+                throw py::value_error("numerics must be 'cpu', 'gpu-like' or 'gpu-like-nearest', got '" + numerics +
+                                      "'");
             },
             py::arg("numerics"));
-    hooks.def("numerics", []() { return retro_numerics() == RETRO_NUMERICS_CPU ? "cpu" : "gpu-like"; });
+    hooks.def("numerics", []() {
+        for (const auto & [name, value] : k_numerics) {
+            if (retro_numerics() == value) {
+                return name;
+            }
+        }
+        return "cpu";
+    });
     hooks.def("reset", &retro_fault_reset);
     hooks.def("hits", [](const std::string & site) { return retro_fault_hits(site_of(site)); }, py::arg("site"));
     hooks.def(
