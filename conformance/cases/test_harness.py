@@ -13,6 +13,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retro.conformance import cli, registry, results
 from retro.conformance.evidence import bound, expect
@@ -270,3 +272,118 @@ def test_ability_to_fail_is_judged_per_clause_from_the_defect_runs(backend, tmp_
         status != "pass" and "test_catches_only_another_clauses_defect" in why,
         f"a clause with a check unable to fail for it reads {status}: {why}",
     )
+
+
+#: the able-to-fail rule's parts, by name: what a mix of a clause's defect runs must read
+_CODES = ("caught", "survived", "crash", "not supported", "fail")
+_CHECKS = ("test_a[p=1]", "test_a[p=2]", "test_b", "test_c[q=x]")
+
+
+def _rule(checks: list[str], defects: list[str], runs: dict[tuple[str, str], str]) -> bool:
+    """The reading, written here from its text and not from results.py: each seeded defect caught
+    (outcome "caught": an assertion bound to the clause) in some check citing it, and each check
+    citing it (each case: a parametrisation is its own check) caught one of the clause's defects."""
+    every_defect = all(any(runs.get((k, d)) == "caught" for k in checks) for d in defects)
+    every_check = all(any(runs.get((k, d)) == "caught" for d in defects) for k in checks)
+    return every_defect and every_check
+
+
+def _status(monkeypatch, clause: str, checks, defects, runs, other: dict[str, str]) -> tuple[str, str]:
+    """results.clause_status over synthetic records: every intact run passed; `runs` the clause's
+    defect runs by (check, defect) (absent: not run); `other` a run of another clause's defect by check."""
+
+    def record(check: str, defect: str | None, outcome: str) -> dict:
+        return {
+            "id": check,
+            "clauses": [clause],
+            "defect": defect,
+            "outcome": outcome,
+            "message": "",
+            "asserted": [clause],
+            "paths": [],
+            "backend": "cpu",
+        }
+
+    cases = [record(k, None, "pass") for k in checks]
+    cases += [record(k, d, o) for (k, d), o in runs.items()]
+    cases += [record(k, "OTHER-01", o) for k, o in other.items()]
+    with monkeypatch.context() as m:
+        m.setattr(registry, "defects_of", lambda c, name=None: list(defects) if c == clause else ["OTHER-01"])
+        return results.clause_status(clause, {"status": "available"}, cases, name="cpu")
+
+
+#: mixes that decide the rule, each with the runs that make it so (check, defect) -> outcome, and
+#: another clause's defect caught by every check: a generated sweep may draw them late or never
+DECISIVE = {
+    "one parametrisation caught, the other did not": {
+        ("test_a[p=1]", "D-1"): "caught",
+        ("test_a[p=2]", "D-1"): "survived",
+    },
+    "one defect caught, another escaped": {("test_a[p=1]", "D-1"): "caught", ("test_a[p=1]", "D-2"): "survived"},
+    "a defect that only crashed": {("test_b", "D-1"): "caught", ("test_b", "D-2"): "crash"},
+    "a defect that was only skipped or failed": {
+        ("test_b", "D-1"): "caught",
+        ("test_b", "D-2"): "not supported",
+        ("test_c[q=x]", "D-2"): "fail",
+        ("test_c[q=x]", "D-1"): "caught",
+    },
+    "a check that caught only another clause's defect": {
+        ("test_b", "D-1"): "caught",
+        ("test_c[q=x]", "D-1"): "survived",
+    },
+    "each defect caught, each check able": {("test_b", "D-1"): "caught", ("test_c[q=x]", "D-2"): "caught"},
+}
+
+
+@pytest.mark.clause("HARNESS-07")
+def test_the_rule_reads_the_mixes_that_decide_it_as_its_text_does(backend, monkeypatch):
+    """The rule itself (results.clause_status) on the mixes of defect runs that decide it (DECISIVE),
+    each beside another clause's defect caught by every check: it passes only the last."""
+    for name, runs in DECISIVE.items():
+        checks = sorted({k for k, _ in runs})
+        defects = sorted({d for _, d in runs})
+        status, why = _status(monkeypatch, "HARNESS-07", checks, defects, runs, dict.fromkeys(checks, "caught"))
+        want = _rule(checks, defects, runs)
+        expect("HARNESS-07", (status == "pass") == want, f"{name}: {status} ({why}) where the rule reads {want}")
+
+
+@pytest.mark.clause("HARNESS-07")
+def test_the_rule_reads_every_mix_of_defect_runs_as_its_text_does(backend, monkeypatch):
+    """The rule itself (results.clause_status), held to the reading over generated mixes of a
+    clause's defect runs: one to three defects, one to four cases (parametrisations of one check
+    among them), each run caught, survived, crashed, not supported or failed, or not run, and runs
+    of another clause's defect caught or not. The clause passes exactly when each of its defects was
+    caught and each case caught one of them; a defect that ran and was never caught fails the
+    clause and is named; a crash, an error or a skip under a defect is no catch."""
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def sweep(data) -> None:
+        clause = "HARNESS-07"
+        checks = data.draw(st.lists(st.sampled_from(_CHECKS), min_size=1, max_size=4, unique=True))
+        defects = data.draw(st.lists(st.sampled_from(("D-1", "D-2", "D-3")), min_size=1, max_size=3, unique=True))
+        runs = {
+            (k, d): o
+            for k in checks
+            for d in defects
+            if (o := data.draw(st.sampled_from((None, *_CODES)), label=f"{k} under {d}")) is not None
+        }
+        other = {k: data.draw(st.sampled_from(("caught", "survived")), label=f"{k} under another's") for k in checks}
+        status, why = _status(monkeypatch, clause, checks, defects, runs, other)
+        want = _rule(checks, defects, runs)
+        expect(
+            clause, (status == "pass") == want, f"{status} ({why}) where the rule reads {want}: {runs}, other {other}"
+        )
+        escaped = [
+            d
+            for d in defects
+            if any((k, d) in runs for k in checks) and not any(runs.get((k, d)) == "caught" for k in checks)
+        ]
+        for d in escaped:
+            expect(
+                clause,
+                status == "fail" and d in why,
+                f"defect {d} ran uncaught ({runs}) and the clause reads {status}: {why}",
+            )
+
+    sweep()
