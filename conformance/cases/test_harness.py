@@ -314,7 +314,7 @@ def _status(monkeypatch, clause: str, checks, defects, runs, other: dict[str, st
 
 #: mixes that decide the rule, each with the runs that make it so (check, defect) -> outcome, and
 #: another clause's defect caught by every check: a generated sweep may draw them late or never
-DECISIVE = {
+DECISIVE: dict[str, dict[tuple[str, str], str | None]] = {
     "one parametrisation caught, the other did not": {
         ("test_a[p=1]", "D-1"): "caught",
         ("test_a[p=2]", "D-1"): "survived",
@@ -331,6 +331,11 @@ DECISIVE = {
         ("test_b", "D-1"): "caught",
         ("test_c[q=x]", "D-1"): "survived",
     },
+    "a defect that never ran": {
+        ("test_b", "D-1"): "caught",
+        ("test_c[q=x]", "D-1"): "caught",
+        ("test_c[q=x]", "D-3"): None,
+    },
     "each defect caught, each check able": {("test_b", "D-1"): "caught", ("test_c[q=x]", "D-2"): "caught"},
 }
 
@@ -342,8 +347,9 @@ def test_the_rule_reads_the_mixes_that_decide_it_as_its_text_does(backend, monke
     for name, runs in DECISIVE.items():
         checks = sorted({k for k, _ in runs})
         defects = sorted({d for _, d in runs})
-        status, why = _status(monkeypatch, "HARNESS-07", checks, defects, runs, dict.fromkeys(checks, "caught"))
-        want = _rule(checks, defects, runs)
+        ran = {kd: o for kd, o in runs.items() if o is not None}  # None: a defect of the clause that never ran
+        status, why = _status(monkeypatch, "HARNESS-07", checks, defects, ran, dict.fromkeys(checks, "caught"))
+        want = _rule(checks, defects, ran)
         expect("HARNESS-07", (status == "pass") == want, f"{name}: {status} ({why}) where the rule reads {want}")
 
 

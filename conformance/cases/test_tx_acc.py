@@ -80,6 +80,14 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
         logits = decode_ok("TX-ACC-01", ctx, TOKENS)
     with bound("TX-ACC-08"):  # owned storage, whatever the values: a view of native memory is no copy
         assert all(a.flags.owndata for a in seen), "the handler got a view, not an owned copy"
+    # complete, whatever the timing: a mutable copy of attn_norm-0 written back as the handler got it
+    # leaves the logits to the bit (an incomplete copy writes its holes back; a copy taken before the
+    # node was computed is overwritten by the compute, and is TX-ACC-01's, below)
+    zero = steer(np.zeros(model.n_embd, np.float32))
+    with tx_context(model, profile, [profile.select("attn_norm-0", access="mutable-f32")], zero) as ctx:
+        with bound("TX-ACC-08"):
+            round_trip = ctx.decode(TOKENS)
+            support.assert_close(round_trip, untouched, backend, "a mutable copy written back unchanged")
     with bound("TX-ACC-01"):
         assert len(seen) == len(SPLIT), f"the handler saw {len(seen)} copies for {len(SPLIT)} micro-batches"
         # a node read before it was computed holds nothing of this micro-batch: not one row of its
