@@ -399,6 +399,38 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
             runs.append(model.parameters())
     with bound("FAIL-05"):
         support.assert_params_equal(runs[0], runs[1], backend, f"{site} failure then a call vs that call alone")
+    # the step alone (retro.testing.micro_batch, no epoch around it to tidy up), at accumulation 4 (the
+    # warm epoch ends at a boundary): a window's first micro-batch opens a period, the next window's
+    # fails at its own first position; the trainer must be back at the period's start (a checkpoint
+    # takes it) and the call after it must equal that call on the state before the period, whose
+    # partial gradient is gone
+    tokens, labels = failing.tokens[0], failing.labels[0]
+    alone = []
+    for fail in (True, False):
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, n_ubatch=64) as ctx,
+            _trainer(ctx, 4, "adamw", site) as tr,
+        ):
+            tr.epoch(warm)
+            if fail:
+                micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+                fi.reset()
+                fi.arm(site, 1)
+                with raises_bound("FAIL-05", retro.BeforeComputeError):
+                    micro_batch(tr, tokens[64:128], labels[64:128], pos0=0)
+                fi.reset()
+                expect(
+                    "FAIL-05",
+                    tr.period_position == 0,
+                    f"{site}: the step alone left period position {tr.period_position}",
+                )
+                succeeds("FAIL-05", f"{site}: a checkpoint after the step alone failed", tr.checkpoint)
+            after = succeeds("FAIL-05", f"{site}: the call after the step alone failed", lambda: tr.epoch(later))
+            expect("FAIL-05", after is not None and after.epoch_complete, f"{site}: the call after the step alone")
+            alone.append(model.parameters())
+    with bound("FAIL-05"):
+        support.assert_params_equal(alone[0], alone[1], backend, f"{site} step alone failed then a call vs the call")
     on_path(f"site={site}")
 
 
