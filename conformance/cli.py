@@ -35,7 +35,7 @@ from retro import _child
 
 from . import backends as backends_mod
 from . import gate as gates
-from . import outcomes, registry, results
+from . import outcomes, registry, results, shapes
 
 CASES_DIR = Path(__file__).parent / "cases"
 INI = Path(__file__).parent / "pytest.ini"
@@ -118,6 +118,7 @@ def _pytest_command(name: str, args: argparse.Namespace) -> list[str]:
         "_hypothesis_pytestplugin",
         f"--backend={name}",
         f"--retro-seed={args.seed}",
+        f"--shape={args.shape}",
     )
     if args.clauses:
         cmd.append(f"--clauses={args.clauses}")
@@ -244,6 +245,7 @@ def run_info(args: argparse.Namespace) -> dict:
         "platform": platform.platform(),
         "host": platform.node(),
         "seed": args.seed,
+        "shapes": [s.name for s in shapes.parse(args.shape)],
         "selection": args.clauses or "all",
         "seeded_defects": not args.no_defects,
         **({"numerics": {"rpc": args.numerics}} if args.numerics != "cpu" else {}),
@@ -307,7 +309,7 @@ def certify(args: argparse.Namespace) -> int:
         run["warm_up_s"] = {}
         for name in (n for n in runnable if n != "cpu"):
             seconds, failure = warm_up.warm(
-                name, tmp / "warm-up" / name, _child_env(args, env_of(name, 0)), args.case_timeout
+                name, tmp / "warm-up" / name, args.shape, _child_env(args, env_of(name, 0)), args.case_timeout
             )
             run["warm_up_s"][name] = seconds
             print(f"{name}: warmed up in {seconds:g} s" + (f" (it failed, {failure})" if failure else ""), flush=True)
@@ -495,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
         help="certify only these clauses: comma-separated IDs, or prefixes of IDs (e.g. BASE,FAIL-04,TX-)",
     )
     c.add_argument("--seed", type=int, default=0, help="seed of the generated models and data")
+    c.add_argument(
+        "--shape",
+        default=shapes.DEFAULT,
+        help=f"shape profiles to run the checks at: {', '.join(shapes.SHAPES)} or all, comma-separated (default "
+        f"{shapes.DEFAULT}); each check runs at those it names, and each clause says at which it passed",
+    )
     c.add_argument("--no-defects", action="store_true", help="skip the seeded-defect runs (no clause can then pass)")
     c.add_argument(
         "-x",

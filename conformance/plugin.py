@@ -9,6 +9,9 @@ retro.conformance.plugin``); it is not registered into every pytest session of t
   on. The run is "caught" when an assertion bound to that defect's clause failed (evidence.py),
   else "survived"; results.py passes a clause only when each of its defects was caught by one of
   its checks, and a check that caught nothing proves nothing (HARNESS-07).
+- A check that takes the ``shape`` fixture runs once per profile of shapes.py that it names with
+  ``@pytest.mark.shapes(...)`` (the default one when it names none) and ``--shape`` selected; its
+  intact run that passed records the path ``shape=<name>``.
 - ``--results-log FILE`` appends one JSON line when a case starts and one with its outcome, flushed
   at once, so that a runner can tell which case a crashed interpreter was running (HARNESS-05).
 
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from . import backends as backends_mod
-from . import evidence, outcomes, registry, results
+from . import evidence, outcomes, registry, results, shapes
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class CaseMeta:
 
 _META = pytest.StashKey[CaseMeta]()
 _SELECTED = pytest.StashKey[list]()
+_SHAPES = pytest.StashKey[list]()
 _DISCOVERED = pytest.StashKey[dict]()
 
 
@@ -69,6 +73,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--backend",
         default=None,
         help=f"backends to certify: {', '.join(backends_mod.KNOWN)} or all, comma-separated (default cpu)",
+    )
+    g.addoption(
+        "--shape",
+        default=None,
+        help=f"shape profiles to run the checks at: {', '.join(shapes.SHAPES)} or all, comma-separated "
+        f"(default {shapes.DEFAULT}); a check runs at those of them it names (conformance/shapes.py)",
     )
     g.addoption("--results-log", default=None, help="append one JSON line per case start and outcome to this file")
     g.addoption("--no-defects", action="store_true", help="skip the seeded-defect runs (the clauses stay unproven)")
@@ -89,6 +99,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "clause(*ids): the contract clauses of shared/CONTRACTS.md that a conformance check proves"
     )
     config.addinivalue_line(
+        "markers", f"shapes(*names): the shape profiles a check runs at (default {shapes.DEFAULT}; shapes.py)"
+    )
+    config.addinivalue_line(
         "markers",
         "drives(*paths): paths (name=value) a check drives inside each of its cases rather than as a parameter",
     )
@@ -98,6 +111,10 @@ def pytest_configure(config: pytest.Config) -> None:
         registry.check_switches(list(hooks.defects()))
     try:
         config.stash[_SELECTED] = backends_mod.parse_selection(config.getoption("--backend"))
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    try:
+        config.stash[_SHAPES] = shapes.parse(config.getoption("--shape"))
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     config.pluginmanager.register(Recorder(config.getoption("--results-log")), "retro-conformance-recorder")
@@ -128,6 +145,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for d in [None, *([] if no_defects else [d for c in marker.args for d in registry.defects_of(c, b)])]
     ]
     metafunc.parametrize("backend", variants, indirect=True, ids=[v.id for v in variants])
+    if "shape" in metafunc.fixturenames:
+        # every selected profile here; pytest_collection_modifyitems keeps those each case names
+        # (a check's @pytest.mark.shapes, or one of its parameters' marks)
+        at = metafunc.config.stash[_SHAPES]
+        metafunc.parametrize("shape", at, ids=[f"shape={s.name}" for s in at])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -139,6 +161,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+    # a case runs at the profiles its check names, the default one when it names none
+    for item in items:
+        named = item.get_closest_marker("shapes")
+        unknown = [n for n in (named.args if named else ()) if n not in shapes.SHAPES]
+        if unknown:
+            raise pytest.UsageError(
+                f"{item.nodeid}: names unknown shape profile(s) {unknown}; see conformance/shapes.py"
+            )
+    unshaped = [i for i in items if "shape" in _params(i) and _params(i)["shape"].name not in _shapes_of(i)]
+    # a seeded-defect run at the profiles its defect names (the default one when it names none)
+    unshaped += [
+        i
+        for i in items
+        if "shape" in _params(i)
+        and (defect := _params(i)["backend"].defect)
+        and _params(i)["shape"].name not in (registry.defects()[defect].shapes or (shapes.DEFAULT,))
+        and i not in unshaped
+    ]
+    if unshaped:
+        config.hook.pytest_deselected(items=unshaped)
+        items[:] = [i for i in items if i not in unshaped]
     listed = config.getoption("--only-cases")
     if listed:
         wanted_ids = set(Path(listed).read_text(encoding="utf-8").splitlines())
@@ -163,6 +206,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     report = config.getoption("--paths-report")
     if report:
         Path(report).write_text(json.dumps(_driven_paths(items), indent=1, sort_keys=True), encoding="utf-8")
+
+
+def _shapes_of(item: pytest.Item) -> tuple[str, ...]:
+    named = item.get_closest_marker("shapes")
+    return named.args if named is not None else (shapes.DEFAULT,)
+
+
+def _params(item: pytest.Item) -> dict:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params if callspec is not None else {}
 
 
 def _driven_paths(items: list[pytest.Item]) -> dict[str, list[str]]:
@@ -227,6 +280,9 @@ def pytest_runtest_call(item: pytest.Item):
             # what ran here is what the case recorded with on_path after the assertions that prove
             # it: a parameter's value alone is not a path run (a check that returned early, or ended
             # "not supported", ran none; results.clause_status requires each, per backend)
+            shape = item.callspec.params.get("shape") if isinstance(item, pytest.Function) else None
+            if shape is not None:  # the whole case ran at its profile
+                ledger.paths.add(f"shape={shape}")
             meta.asserted, meta.ran = sorted(ledger.asserted), sorted(ledger.paths)
             return result
         try:

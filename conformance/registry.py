@@ -99,6 +99,9 @@ class Defect:
     # a mistake of the runner (the plugin), which a check shows on a certification it starts: that
     # run's interpreters inherit the switch (INHERITED_ENV)
     inherited: bool = False
+    # the shape profiles (conformance/shapes.py) its runs take: a check's intact run proves it at
+    # each profile it names, its defect runs prove the check can fail at these (empty: the default)
+    shapes: tuple[str, ...] = ()
 
     def applies_to(self, backend: str) -> bool:
         return not self.backends or backend in self.backends
@@ -153,7 +156,7 @@ def defects() -> dict[str, Defect]:
     """Every seeded defect by id, in mutants.toml's order."""
     out: dict[str, Defect] = {}
     for raw in _load("mutants.toml")["defect"]:
-        d = Defect(**{**raw, "backends": tuple(raw.get("backends", ()))})
+        d = Defect(**{**raw, "backends": tuple(raw.get("backends", ())), "shapes": tuple(raw.get("shapes", ()))})
         if not DEFECT_PATTERN.match(d.id) or d.clause not in clauses():
             raise ValueError(f"mutants.toml: {d.id!r} names no clause of the registry")
         if d.id in out:

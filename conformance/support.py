@@ -4,7 +4,6 @@ parameter comparison (bitwise on a backend whose runs repeat to the bit, a toler
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import weakref
@@ -18,10 +17,11 @@ import numpy as np
 import retro
 from retro import _native_logs
 from retro._threads import default_threads
-from retro.testing import TinyLlamaSpec, write_tiny_llama
+from retro.testing import write_tiny_llama
 
 from . import backends, evidence, registry
 from .backends import Backend
+from .shapes import Shape
 
 # two runs on a backend not known to repeat to the bit (CUDA), as numpy's allclose reads them: the
 # bound is on |actual - expected| / (atol + rtol |expected|), the largest over the elements
@@ -34,10 +34,11 @@ CLOSE = evidence.Bound(
 )
 
 
-def model_file(folder: Path, seed: int, **spec: Any) -> Path:
-    path = folder / f"tiny-{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(spec.items()))}.gguf"
+def model_file(folder: Path, seed: int, shape: Shape, **overrides: Any) -> Path:
+    """The model of `shape`'s profile for `seed` (with `overrides` of its spec), written once into `folder`."""
+    path = folder / f"{shape.name}-{seed}-{'-'.join(f'{k}{v}' for k, v in sorted(overrides.items()))}.gguf"
     if not path.exists():
-        write_tiny_llama(path, dataclasses.replace(TinyLlamaSpec(seed=seed), **spec))
+        write_tiny_llama(path, shape.model_spec(seed, **overrides))
     return path
 
 
@@ -122,9 +123,18 @@ CHECK_THREADS = default_threads()[0]
 
 
 def context(
-    model: retro.Model, *, n_ctx: int = 256, n_ubatch: int = 256, n_threads: int | None = None, sequences: int = 1
+    model: retro.Model,
+    shape: Shape,
+    *,
+    n_ctx: int | None = None,
+    n_ubatch: int | None = None,
+    n_threads: int | None = None,
+    sequences: int = 1,
 ) -> retro.Context:
+    """A training context of `shape`'s profile: n_ctx and n_batch one window unless given, n_ubatch n_ctx unless given."""
     threads = CHECK_THREADS if n_threads is None else n_threads
+    n_ctx = shape.window if n_ctx is None else n_ctx
+    n_ubatch = n_ctx if n_ubatch is None else n_ubatch
     return retro.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, n_threads=threads, sequences=sequences)
 
 

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -128,7 +128,7 @@ def loop_overhead(model: Path, *, threads: int, n_ubatch: int, reps: int) -> dic
 
 #: the models the rebuild cost is measured on: the tests' tiny model, a 6-layer 256-wide one, and a
 #: 12-layer narrow one (the deepest graph per FLOP, where rebuilding weighs most)
-REBUILD_MODELS = {
+REBUILD_MODELS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
     "tiny (2 x 64)": ({}, (64, 256)),
     "6 x 256": ({"n_embd": 256, "n_layer": 6, "n_head": 4, "n_head_kv": 4, "n_ff": 768}, (64, 256)),
     "12 x 64": ({"n_layer": 12}, (32,)),

@@ -204,3 +204,43 @@ def test_a_path_counts_only_when_the_case_records_it_after_its_assertions(pytest
     _, recs = _results(pytester, "--backend=cpu", "--no-defects")
     ran = {r["nodeid"].split("[")[1]: r["paths"] for r in recs if r["outcome"] == "pass"}
     assert ran == {"cpu-nan]": ["value=nan"], "cpu-+inf]": []}, ran
+
+
+def test_a_check_runs_at_the_shape_profiles_it_names_and_records_each(pytester):
+    """A check taking `shape` runs at the profiles of conformance/shapes.py it names (the default one
+    when it names none) that --shape selected, and its passing intact run records the path
+    shape=<name>; a seeded-defect run only at its defect's profiles (the default one here)."""
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+        from retro.conformance.evidence import expect
+        @pytest.mark.clause("BASE-01")
+        def test_default(backend, shape):
+            expect("BASE-01", shape.window % shape.micro_batch == 0)
+        @pytest.mark.clause("BASE-01")
+        @pytest.mark.shapes("tiny", "realistic")
+        def test_both(backend, shape):
+            expect("BASE-01", shape.window % shape.micro_batch == 0)
+        @pytest.mark.clause("BASE-01")
+        @pytest.mark.parametrize("part", ["a", pytest.param("b", marks=pytest.mark.shapes("realistic"))])
+        def test_param(backend, shape, part):
+            expect("BASE-01", True)
+    """
+    )
+    _, recs = _results(pytester, "--no-defects", "--shape=all")
+    assert sorted((r["id"], tuple(r["paths"])) for r in recs) == [
+        ("test_x.py::test_both[shape=realistic]", ("shape=realistic",)),
+        ("test_x.py::test_both[shape=tiny]", ("shape=tiny",)),
+        ("test_x.py::test_default[shape=tiny]", ("shape=tiny",)),
+        ("test_x.py::test_param[shape=realistic,part=b]", ("shape=realistic",)),
+        ("test_x.py::test_param[shape=tiny,part=a]", ("shape=tiny",)),
+    ]
+    (pytester.path / "results.jsonl").unlink()  # a new log for the next run
+    _, recs = _results(pytester, "--shape=realistic")
+    assert {(r["id"], r["defect"]) for r in recs} == {
+        ("test_x.py::test_both[shape=realistic]", None),
+        ("test_x.py::test_param[shape=realistic,part=b]", None),
+    }
+    (pytester.path / "results.jsonl").unlink()
+    res, recs = _results(pytester, "--shape=huge")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and not recs

@@ -163,3 +163,34 @@ def test_every_clause_has_three_reviewers_defects_caught_by_its_own_clause_or_is
     count it has: the list is the truth, shrinks as rounds land, and never hides a clause."""
     short = {c: n for c in registry.clauses() if (n := registry.own_catches(c)) < registry.OWN_CATCHES_WANTED}
     assert short == SHORT_BY_THE_RULE
+
+
+def test_every_shape_profile_is_consistent():
+    """The shape table (conformance/shapes.py): each profile's model is a valid spec, its windows
+    split into whole micro-batches, and a published vocabulary has the size the spec says."""
+    from retro.conformance import shapes
+    from retro.testing.models import VOCABULARIES
+
+    assert shapes.DEFAULT in shapes.SHAPES
+    for s in shapes.SHAPES.values():
+        assert s.window % s.micro_batch == 0 and s.decode_batch % s.decode_micro_batch == 0, s.name
+        if s.spec.vocabulary:
+            assert VOCABULARIES[s.spec.vocabulary] == s.spec.n_vocab, s.name
+        assert s.purpose, f"{s.name}: say which kernels and paths its sizes reach"
+
+
+#: a context's or a window's size written as a number in a check: the shape table holds them
+#: (SHAPE-01 and SHAPE-02's refused values are inputs of the check, not its geometry)
+GEOMETRY_LITERAL = re.compile(r"\bn_(ctx|batch|ubatch)\s*=\s*[0-9]+\s*[,)]|support\.windows\([^,]+,\s*[0-9]+\s*,")
+
+
+def test_no_check_holds_a_geometry_literal_of_its_own():
+    cases = Path(registry.__file__).parent / "cases"
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(cases.glob("*.py"))
+        if path.name != "test_shapes.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if GEOMETRY_LITERAL.search(line)
+    ]
+    assert not found, "\n".join(found)

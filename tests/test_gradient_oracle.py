@@ -59,3 +59,33 @@ def test_the_loss_is_the_one_the_binding_reports(model: Path, kind: str, head: s
         metrics = trainer.epoch(targets.dataset())
     want = reference.loss(weights, targets.tokens[0], targets.rows(0, SPEC.n_vocab), **heads)
     assert metrics.train_loss == pytest.approx(want, rel=LOSS_REL)
+
+
+#: BASE-01's CPU limit in micro-batches (the F16 KV cache): conformance/cases/test_base.py
+MICRO_BATCH_REL = 2e-3
+
+
+def test_a_grouped_query_model_trains_in_micro_batches_with_numpys_gradient(tmp_path: Path) -> None:
+    """Fewer KV heads than query heads, trained in micro-batches shorter than the window: the
+    gradient of Q is an outer product of the F16 K read back from the KV cache, broadcast over
+    the query heads (vendor/patches/0059); each weight's accumulated gradient is numpy's, with K
+    and V held constant as the KV cache holds them."""
+    spec = TinyLlamaSpec(seed=2, n_head=4, n_head_kv=2)
+    path = write_tiny_llama(tmp_path / "gqa.gguf", spec)
+    weights, heads = reference.read_weights(path), reference.read_heads(path)
+    targets = reference.random_targets("token", 1, spec.n_ctx, spec.n_vocab, np.random.default_rng(7))
+    with (
+        retro.Model.load(path, devices=[], trainable=True) as m,
+        retro.Context(m, n_ctx=spec.n_ctx, n_batch=spec.n_ctx, n_ubatch=spec.n_ctx // 4, n_threads=1) as ctx,
+        retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-3), accumulation=4) as trainer,
+    ):
+        trainer.epoch(targets.dataset())  # one period of 4 micro-batches: the window's gradient
+        got = {n: trainer.gradient_accumulator(n) for n in weights}
+    want = reference.gradient(weights, targets.tokens[0], targets.rows(0, spec.n_vocab), **heads, cached_kv=True)
+    compared = 0
+    for name, g in want.items():
+        if got[name] is None or not np.any(g):  # the input layer, and K and V through the cache
+            continue
+        compared += 1
+        assert np.linalg.norm(got[name] - g) / np.linalg.norm(g) <= MICRO_BATCH_REL, name
+    assert compared >= 7 * spec.n_layer, compared

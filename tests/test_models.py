@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 import retro
 from retro.testing import TinyLlamaSpec, write_tiny_llama
+from retro.testing.models import VOCABULARIES
 
 
 def _digest(path) -> str:
@@ -53,3 +55,18 @@ def test_merges_are_used(model_path):
 def test_invalid_specs_are_rejected(bad):
     with pytest.raises(ValueError):
         TinyLlamaSpec(**bad)
+
+
+@pytest.mark.parametrize(("name", "tokenized"), [("llama-spm", [15043, 3186]), ("llama-bpe", [9906, 1917])])
+def test_a_published_vocabulary_is_copied_whole(tmp_path, name, tokenized):
+    """The realistic shape profile's tokenizers, installed with the binding from llama.cpp's sources:
+    every token, and LLaMA's own tokenization of a greeting (its .inp/.out test pairs' convention)."""
+    n_vocab = VOCABULARIES[name]
+    spec = TinyLlamaSpec(vocabulary=name, n_vocab=n_vocab, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_layer=1)
+    path = write_tiny_llama(tmp_path / f"{name}.gguf", spec)
+    with retro.Model.load(path, devices=[]) as m:
+        assert m.n_vocab == n_vocab
+        assert m.tokenize("Hello world") == tokenized
+        assert m.detokenize(tokenized) == "Hello world"
+    with pytest.raises(ValueError, match="tokens"):
+        write_tiny_llama(tmp_path / "wrong.gguf", dataclasses.replace(spec, n_vocab=n_vocab - 1))

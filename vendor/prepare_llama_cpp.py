@@ -33,7 +33,15 @@ TREE_IN_SDIST = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # What the libraries need, relative to the llama.cpp root. ggml/src holds the core sources at its
 # top level and one folder per backend: only the enabled backends' folders are kept.
 KEEP_DIRS = ("cmake/", "include/", "src/", "ggml/cmake/", "ggml/include/")
-KEEP_FILES = ("CMakeLists.txt", "LICENSE", "ggml/CMakeLists.txt")
+KEEP_FILES = (
+    "CMakeLists.txt",
+    "LICENSE",
+    "ggml/CMakeLists.txt",
+    # published tokenizers of llama.cpp's tokenizer tests: the realistic shape profile's vocabulary
+    # (installed with the binding: retro.testing.models.VOCABULARIES)
+    "models/ggml-vocab-llama-spm.gguf",
+    "models/ggml-vocab-llama-bpe.gguf",
+)
 BACKEND_DIRS = {
     "cpu": "ggml/src/ggml-cpu/",
     "rpc": "ggml/src/ggml-rpc/",
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "series": series_hash(patches),
         "backends": backends,
         "patches": [p.name for p in patches],
+        "kept": list(KEEP_FILES),
     }
 
     stamp_file = args.dest / ".retro-stamp.json"

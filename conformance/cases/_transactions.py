@@ -13,34 +13,50 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import succeeds
+from retro.conformance.shapes import Shape
 from retro.transactions import Profile, Selector, TensorTransactions, Transaction
 
-N_UBATCH = 4
-TOKENS = list(range(3, 13))  # 10 tokens: micro-batches of 4, 4 and 2
-SPLIT = [(0, 4), (4, 4), (8, 2)]  # (first row, rows) of each micro-batch
 DRAFT_NOISE = 1.0  # the draft: the model with noise in its last FFN, so it agrees in part
 
 
+def decode_tokens(shape: Shape) -> list[int]:
+    """The tokens of a decode of several micro-batches: two whole ones and a half one."""
+    m = shape.decode_micro_batch
+    return list(range(3, 3 + 2 * m + m // 2))
+
+
+def micro_batches(shape: Shape) -> list[tuple[int, int]]:
+    """(first row, rows) of each micro-batch of a decode of decode_tokens(shape)."""
+    m = shape.decode_micro_batch
+    return [(0, m), (m, m), (2 * m, m // 2)]
+
+
 def plain_context(
-    model: retro.Model, tx: TensorTransactions | None = None, *, n_ubatch: int = N_UBATCH
+    model: retro.Model, shape: Shape, tx: TensorTransactions | None = None, *, n_ubatch: int | None = None
 ) -> retro.Context:
     return retro.Context(
-        model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=support.CHECK_THREADS, transactions=tx
+        model,
+        n_ctx=shape.window,
+        n_batch=shape.decode_batch,
+        n_ubatch=shape.decode_micro_batch if n_ubatch is None else n_ubatch,
+        n_threads=support.CHECK_THREADS,
+        transactions=tx,
     )
 
 
 @contextlib.contextmanager
 def tx_context(
-    model: retro.Model, profile: Profile, selectors: list[Selector], handler=None, **kwargs
+    model: retro.Model, shape: Shape, profile: Profile, selectors: list[Selector], handler=None, **kwargs
 ) -> Iterator[retro.Context]:
-    n_ubatch = kwargs.pop("n_ubatch", N_UBATCH)
-    with plain_context(model, TensorTransactions(profile, selectors, handler, **kwargs), n_ubatch=n_ubatch) as ctx:
+    n_ubatch = kwargs.pop("n_ubatch", None)
+    tx = TensorTransactions(profile, selectors, handler, **kwargs)
+    with plain_context(model, shape, tx, n_ubatch=n_ubatch) as ctx:
         yield ctx
 
 
-def plain_state(model: retro.Model, tokens: list[int]) -> bytes:
+def plain_state(model: retro.Model, shape: Shape, tokens: list[int]) -> bytes:
     """llama.cpp's sequence state after a decode without transactions: what an untouched graph computes."""
-    with plain_context(model) as ctx:
+    with plain_context(model, shape) as ctx:
         ctx.decode(tokens)
         return ctx.sequence_state()
 
@@ -84,6 +100,7 @@ CHILD_SCRIPT = textwrap.dedent(
     from retro.transactions import Profile, TensorTransactions
 
     mode, path, backend_name, defects = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    n_ctx, n_batch, n_ubatch, n_tokens = map(int, sys.argv[5:9])  # the shape profile's (child_sizes)
     for defect in filter(None, defects.split(",")):  # the seeded defect the parent runs under
         native.hooks.set_defect(defect, True)
     backend = backends.discover()[backend_name]
@@ -103,9 +120,9 @@ CHILD_SCRIPT = textwrap.dedent(
     if why := support.not_on(model, backend):  # the backend asked for, not the CPU a missing one falls back to
         sys.exit(f"not on {backend_name}: {why}")
     profile = Profile.record(model)
-    ctx = retro.Context(model, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1,
+    ctx = retro.Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=1,
                         transactions=TensorTransactions(profile, [profile.select("l_out-0")], Handler()))
-    ctx.decode(list(range(3, 13)))
+    ctx.decode(list(range(3, 3 + n_tokens)))
     native.hooks.mirror_logs(1)  # from here on, every native log line to stdout, in event order
     if mode == "close":
         ctx.close()
@@ -118,7 +135,7 @@ CHILD_SCRIPT = textwrap.dedent(
             while True:
                 try:
                     ctx.reset()
-                    ctx.decode(list(range(3, 13)))
+                    ctx.decode(list(range(3, 3 + n_tokens)))
                 except retro.RetroError:
                     return
         in_handler.clear()
@@ -145,6 +162,11 @@ CHILD_SCRIPT = textwrap.dedent(
 )
 
 
+def child_sizes(shape: Shape) -> list[str]:
+    """CHILD_SCRIPT's arguments after its first four: the sizes of its context and decode."""
+    return [str(n) for n in (shape.window, shape.decode_batch, shape.decode_micro_batch, len(decode_tokens(shape)))]
+
+
 def committed_positions(captures, name: str) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for c in captures:
@@ -153,7 +175,7 @@ def committed_positions(captures, name: str) -> dict[int, list[int]]:
     return out
 
 
-def fails_closed(ctx: retro.Context, calls: list, tokens: list[int] = TOKENS) -> str:
+def fails_closed(ctx: retro.Context, calls: list, tokens: list[int]) -> str:
     """Decode: it must fail on the layout, without the handler ever seeing the node."""
     with pytest.raises(retro.TensorCallbackError) as err:
         ctx.decode(tokens)

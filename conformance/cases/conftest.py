@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from retro.conformance import support
+from retro.conformance.shapes import Shape
 from retro.transactions import Profile
 
 
@@ -14,9 +15,14 @@ def seed(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture(scope="session")
-def model_path(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
-    """The default tiny llama (vocab 512, n_embd 64, 2 layers, n_ctx 256), written once per run."""
-    return support.model_file(tmp_path_factory.mktemp("models"), seed)
+def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture
+def model_path(models_folder: Path, seed: int, shape: Shape) -> Path:
+    """The model of the case's shape profile (shapes.py), written once per run (model_file keeps it)."""
+    return support.model_file(models_folder, seed, shape)
 
 
 @pytest.fixture

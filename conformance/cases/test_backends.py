@@ -19,6 +19,7 @@ from retro import _child
 from retro.conformance import backends, cli, support
 from retro.conformance.evidence import Bound, against_oracle, bound, expect, nmse, on_path
 from retro.conformance.plugin import not_supported
+from retro.conformance.shapes import Shape
 from retro.devices import BACKENDS
 
 #: NMSE against the CPU: kernels may reorder float sums, never more (an RPC server with the CPU's
@@ -50,15 +51,18 @@ TOLERANCE = {
 PLACEMENTS = {"no offload": 0, "partial offload": 1, "full offload": -1}
 
 
-def _train_and_decode(backend: backends.Backend, path, ds, gpu_layers: int = -1):
+def _train_and_decode(backend: backends.Backend, path, shape: Shape, ds, gpu_layers: int = -1):
     """Two AdamW epochs and a decode: losses, parameters, AdamW moments and logits."""
-    with support.load(backend, path, gpu_layers=gpu_layers) as model, support.context(model, n_ubatch=64) as ctx:
+    with (
+        support.load(backend, path, gpu_layers=gpu_layers) as model,
+        support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
+    ):
         with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
             losses = [tr.epoch(ds).train_loss for _ in range(2)]
             moments = tr.checkpoint().moments
         params = model.parameters()
         ctx.reset()
-        logits = ctx.decode(ds.tokens[0, :32])
+        logits = ctx.decode(ds.tokens[0, : shape.window // 8])
     return np.array(losses), params, logits, moments
 
 
@@ -74,7 +78,8 @@ def _agrees_with_cpu(placement: str, got, on_cpu) -> None:
             on_cpu[1][name],
             TOLERANCE["parameters"],
         )
-    against_oracle("HARNESS-01", f"{placement}: logits of a 32-token decode", logits, on_cpu[2], TOLERANCE["logits"])
+    decoded = f"{placement}: logits of a {len(on_cpu[2])}-token decode"
+    against_oracle("HARNESS-01", decoded, logits, on_cpu[2], TOLERANCE["logits"])
     for name in sorted(on_cpu[3]):
         for which, actual, expected in zip("mv", moments[name], on_cpu[3][name], strict=True):
             against_oracle(
@@ -84,7 +89,7 @@ def _agrees_with_cpu(placement: str, got, on_cpu) -> None:
 
 @pytest.mark.clause("HARNESS-01")
 @pytest.mark.drives(*(f"gpu_layers={n}" for n in PLACEMENTS.values()))
-def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, seed):
+def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend, model_path, shape, seed):
     with support.load(backend, model_path) as model:
         elsewhere, computed_here, nodes = support.placement(model, backend)
     wanted = backend.device_names
@@ -133,16 +138,16 @@ def test_the_backend_under_test_holds_the_model_and_agrees_with_the_cpu(backend,
             held.get(placement, on_device == len(memory)),
             f"{placement} (gpu_layers {gpu_layers}): {on_device} of {len(memory)} weights in device memory",
         )
-    ds = support.windows(8, 256, 512, seed)
-    on_cpu = _train_and_decode(support.CPU, model_path, ds)
+    ds = support.windows(8, shape.window, shape.spec.n_vocab, seed)
+    on_cpu = _train_and_decode(support.CPU, model_path, shape, ds)
     for placement, gpu_layers in PLACEMENTS.items():
-        _agrees_with_cpu(placement, _train_and_decode(backend, model_path, ds, gpu_layers), on_cpu)
+        _agrees_with_cpu(placement, _train_and_decode(backend, model_path, shape, ds, gpu_layers), on_cpu)
         on_path(f"gpu_layers={gpu_layers}")
 
 
 @pytest.mark.clause("HARNESS-01")
 @pytest.mark.drives("rpc_servers=2")
-def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path, seed):
+def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path, shape, seed):
     """The RPC backend as users scale it: the layers split over the run's server and a second one
     (each link carrying its own share of every compute), trained and decoded as on the CPU."""
     if backend.name != "rpc":
@@ -158,9 +163,9 @@ def test_a_model_split_over_two_servers_agrees_with_the_cpu(backend, model_path,
             set(per_device) == set(split.device_names) and len(per_device) == 2,
             f"the weights are not split over the two servers' devices: {per_device}",
         )
-        ds = support.windows(8, 256, 512, seed)
-        got = _train_and_decode(split, model_path, ds)
-    _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, ds))
+        ds = support.windows(8, shape.window, shape.spec.n_vocab, seed)
+        got = _train_and_decode(split, model_path, shape, ds)
+    _agrees_with_cpu("two servers", got, _train_and_decode(support.CPU, model_path, shape, ds))
     on_path("rpc_servers=2")
     _serves_as_its_help_says()
 

@@ -15,12 +15,13 @@ import pytest
 import retro
 from retro.conformance import support
 from retro.conformance.evidence import Bound, bound, expect, measure, on_path, within
+from retro.conformance.shapes import Shape
 from retro.testing import busy_processes, reference, runnable_elsewhere, upstream_epoch
 
 
-def _train(backend, path, ds, *, optimizer, accumulation, split=None):
+def _train(backend, shape: Shape, path, ds, *, optimizer, accumulation, split=None):
     """Parameters after training a fresh load on ds, in one call or split into calls at `split`."""
-    with support.load(backend, path) as model, support.context(model) as ctx:
+    with support.load(backend, path) as model, support.context(model, shape) as ctx:
         with retro.Trainer(ctx, optimizer=optimizer, accumulation=accumulation) as tr:
             parts = (
                 [ds] if split is None else [support.subset(ds, slice(0, split)), support.subset(ds, slice(split, None))]
@@ -31,20 +32,20 @@ def _train(backend, path, ds, *, optimizer, accumulation, split=None):
 
 @pytest.mark.clause("BASE-01")
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_each_step_applies_only_its_own_period(backend, model_path, seed, accumulation):
+def test_each_step_applies_only_its_own_period(backend, model_path, seed, shape, accumulation):
     """SGD steps taken in one call equal the same steps each taken by a fresh optimizer (whose
     accumulators are certainly zero) from the parameters the previous step left, and equal the
     same steps split over two calls."""
     periods = 3
     sgd = retro.SGD(lr=0.05)
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(periods * accumulation, 256, probe.n_vocab, seed)
+        ds = support.windows(periods * accumulation, shape.window, probe.n_vocab, seed)
 
-    in_one_call, steps = _train(backend, model_path, ds, optimizer=sgd, accumulation=accumulation)
+    in_one_call, steps = _train(backend, shape, model_path, ds, optimizer=sgd, accumulation=accumulation)
     expect("BASE-01", steps == periods, f"{steps} optimizer steps for {periods} periods")
 
     # reference: period by period, each with a new trainer on the parameters the last one left
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         before = model.parameters()
         for p in range(periods):
             with retro.Trainer(ctx, optimizer=sgd, accumulation=accumulation) as tr:
@@ -56,7 +57,7 @@ def test_each_step_applies_only_its_own_period(backend, model_path, seed, accumu
         support.assert_params_equal(
             in_one_call, reference, backend, f"{periods} SGD steps in one call vs one fresh optimizer per step"
         )
-    split, _ = _train(backend, model_path, ds, optimizer=sgd, accumulation=accumulation, split=accumulation)
+    split, _ = _train(backend, shape, model_path, ds, optimizer=sgd, accumulation=accumulation, split=accumulation)
     with bound("BASE-01"):
         support.assert_params_equal(split, in_one_call, backend, "steps split over two calls vs one call")
     on_path(f"accumulation={accumulation}")
@@ -64,25 +65,33 @@ def test_each_step_applies_only_its_own_period(backend, model_path, seed, accumu
 
 @pytest.mark.clause("BASE-01")
 @pytest.mark.parametrize("accumulation", [3, 8])
-def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, seed, accumulation):
+def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, seed, shape, accumulation):
     """Three epochs over the same training windows, with and without an evaluation tail, give the
     same parameters, also when the accumulation period does not divide the training micro-batches
     (the period then stays open across the evaluation and the next call)."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(3, 256, probe.n_vocab, seed + 4)
+        ds = support.windows(3, shape.window, probe.n_vocab, seed + 4)
+    per_epoch = 2 * shape.parts  # the two training windows, in micro-batches
     runs = []
     for data, frac in ((ds, 1 / 3), (support.subset(ds, slice(0, 2)), 0.0)):
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
+        ):
             with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=accumulation) as tr:
                 for _ in range(3):
                     m = tr.epoch(data, val_fraction=frac)
-                    expect("BASE-01", m.train_micro_batches == 8, f"{m.train_micro_batches} training micro-batches")
+                    expect(
+                        "BASE-01",
+                        m.train_micro_batches == per_epoch,
+                        f"{m.train_micro_batches} training micro-batches",
+                    )
                 runs.append((model.parameters(), tr.period_position))
     (with_eval, pos_eval), (without, pos_plain) = runs
     expect(
         "BASE-01",
-        pos_eval == pos_plain == (3 * 8) % accumulation,
-        f"period position {pos_eval} with an eval set, {pos_plain} without, expected {(3 * 8) % accumulation}",
+        pos_eval == pos_plain == (3 * per_epoch) % accumulation,
+        f"period position {pos_eval} with an eval set, {pos_plain} without, expected {(3 * per_epoch) % accumulation}",
     )
     with bound("BASE-01"):
         support.assert_params_equal(with_eval, without, backend, "trained with an eval tail vs without")
@@ -92,15 +101,16 @@ def test_training_does_not_depend_on_the_evaluation_set(backend, model_path, see
 # not BASE-01: upstream's loop runs on the same patched library, so a missing accumulator reset
 # moves both loops alike and this comparison cannot see it (the checks above can)
 @pytest.mark.clause("BASE-02")
-@pytest.mark.parametrize("n_ubatch, accumulation", [(64, 4), (256, 1), (64, 2)])
-def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch, accumulation):
+@pytest.mark.parametrize("micro_batch, accumulation", [("part", 4), ("window", 1), ("part", 2)])
+def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, shape, micro_batch, accumulation):
     """The oracle: retro's loop and upstream's llama_opt_epoch, on the same library, data and
     optimizer settings, end with the same parameters (bitwise on CPU), losses and accuracies."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 5)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 5)
+    n_ubatch = shape.window if micro_batch == "window" else shape.micro_batch
     runs = []
     for loop in ("retro", "upstream"):
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=n_ubatch) as ctx:
+        with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=n_ubatch) as ctx:
             with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=accumulation) as tr:
                 if loop == "retro":
                     metrics = [tr.epoch(ds, val_fraction=0.25) for _ in range(2)]
@@ -125,17 +135,17 @@ def test_the_loop_equals_upstreams_own_loop(backend, model_path, seed, n_ubatch,
             backend,
             "train/eval losses and accuracies vs upstream's",
         )
-    on_path(f"n_ubatch={n_ubatch}", f"accumulation={accumulation}")
+    on_path(f"micro_batch={micro_batch}", f"accumulation={accumulation}")
 
 
 @pytest.mark.clause("BASE-02")
-def test_same_state_data_and_options_give_same_parameters(backend, model_path, seed):
+def test_same_state_data_and_options_give_same_parameters(backend, model_path, seed, shape):
     """Two runs from the same file, data and options end with the same parameters and losses."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 1)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 1)
     runs = []
     for _ in range(2):
-        with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
                 losses = [tr.epoch(ds, val_fraction=0.25).train_loss for _ in range(2)]
             runs.append((model.parameters(), losses))
@@ -147,17 +157,19 @@ def test_same_state_data_and_options_give_same_parameters(backend, model_path, s
 
 @pytest.mark.clause("BASE-02")
 @pytest.mark.parametrize("threads", ["fixed", "adaptive"])
-def test_the_thread_count_changes_no_parameter(backend, model_path, seed, threads, monkeypatch):
+def test_the_thread_count_changes_no_parameter(backend, model_path, seed, shape, threads, monkeypatch):
     """Training with every core busy elsewhere, at a fixed count of every core or at the count that
     follows the load (the default when neither n_threads nor RETRO_THREADS names one: each compute
     gets the cores no other task holds), ends with the parameters of an idle run at one thread."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 7)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 7)
         ceiling = min(len(os.sched_getaffinity(0)), 16)
 
     def train(n_threads, counts):
         with support.load(backend, model_path) as model:
-            ctx = retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=64, n_threads=n_threads)
+            ctx = retro.Context(
+                model, n_ctx=shape.window, n_batch=shape.window, n_ubatch=shape.micro_batch, n_threads=n_threads
+            )
             with ctx, retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr:
                 tr.epoch(ds, progress=support.recording(counts, lambda _: ctx.threads_now))
                 return model.parameters(), ctx.adaptive_threads
@@ -262,11 +274,11 @@ def test_the_load_following_count_does_not_take_its_own_threads_for_load(backend
 
 
 @pytest.mark.clause("BASE-03")
-def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, tmp_path):
+def test_parameters_read_back_equal_the_saved_model(backend, model_path, seed, shape, tmp_path):
     """After training, the parameters read through the binding equal the tensors of the saved GGUF
     (read by the gguf package, not the binding), and reloading that file reads back the same."""
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
-        ds = support.windows(2, 256, model.n_vocab, seed + 2)
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
+        ds = support.windows(2, shape.window, model.n_vocab, seed + 2)
         with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3)) as tr:
             tr.epoch(ds)
         read_back = model.parameters()
@@ -293,13 +305,13 @@ STEP_READ_BACK = Bound(
 
 
 @pytest.mark.clause("BASE-03")
-def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, seed):
+def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, seed, shape):
     """After one AdamW step from zero moments, with none of the options at its default, the
     moments and parameters read back satisfy the AdamW update as ggml computes it (numpy):
     m = (1-b1) g, v = (1-b2) g^2, w1 = w0 (1 - lr wd) - lr (m / (1 - b1)) / (sqrt(v / (1 - b2)) + eps)."""
     opt = retro.AdamW(lr=2e-3, beta1=0.8, beta2=0.95, eps=1e-4, weight_decay=0.25)
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
-        ds = support.windows(1, 256, model.n_vocab, seed + 3)
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
+        ds = support.windows(1, shape.window, model.n_vocab, seed + 3)
         w0 = model.parameters()
         with retro.Trainer(ctx, optimizer=opt) as tr:
             expect("BASE-03", tr.moments("output.weight") is None, "moments exist before the first step")
@@ -331,13 +343,14 @@ def test_optimizer_state_read_back_matches_the_step_taken(backend, model_path, s
 
 
 @pytest.mark.clause("BASE-03")
-def test_an_sgd_step_read_back_matches_numpy(backend, model_path, seed):
+def test_an_sgd_step_read_back_matches_numpy(backend, model_path, seed, shape):
     """One SGD step over an accumulation period of 2, with weight decay: the accumulated gradient
     read back (the mean over the period; the loss is scaled by 1/period) and the parameters satisfy
     w1 = w0 (1 - lr wd) - lr g, computed in numpy."""
     opt = retro.SGD(lr=0.05, weight_decay=0.5)
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=128) as ctx:
-        ds = support.windows(1, 256, model.n_vocab, seed + 6)
+    # a window in two halves: the period of 2 is that one window
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.window // 2) as ctx:
+        ds = support.windows(1, shape.window, model.n_vocab, seed + 6)
         w0 = model.parameters()
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             expect("BASE-03", tr.epoch(ds).optimizer_steps == 1, "one step expected")
@@ -383,7 +396,7 @@ STEP_APPLIED = Bound(
 )
 
 
-def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clauses):
+def _steps_against_numpy(backend, shape: Shape, model_path, seed, kind, head, n_ubatch, clauses):
     """Two SGD steps of an accumulation period of 2 windows each, one call per period: the
     gradient each step applied must be the mean of its period's gradients as numpy computes them
     (in float64, from the weights the step started from), asserted for `clauses`, and the step
@@ -394,7 +407,7 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clause
     lr, period = 1.0, 2
     heads = reference.read_heads(model_path)
     rng = np.random.default_rng(seed + 50)
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=n_ubatch) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=n_ubatch) as ctx:
         n_vocab, n_ctx = model.n_vocab, ctx.n_ctx
         targets = reference.random_targets(kind, 2 * period, n_ctx, n_vocab, rng)
         w0 = model.parameters()
@@ -441,28 +454,30 @@ def _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, clause
 
 
 @pytest.mark.clause("BASE-01", "BASE-03")
-@pytest.mark.parametrize("n_ubatch", [256, 64])
+@pytest.mark.parametrize("micro_batch", ["window", "part"])
 @pytest.mark.parametrize("head", ["dense", "fused"])
 @pytest.mark.parametrize("kind", ["token", "weighted"])
-def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed, kind, head, n_ubatch):
+def test_each_step_applies_the_gradient_numpy_computes(backend, model_path, seed, shape, kind, head, micro_batch):
     """Each step applies its own period's gradient, as an oracle that shares nothing with ggml
     computes it (retro.testing.reference: the llama forward pass in numpy, differentiated by
     autograd), for token and weighted targets (weights 0, 0.5, 1 and 2) on both heads, in whole
-    windows and in micro-batches of a quarter window; on every backend against numpy itself, not
+    windows and in micro-batches of part of one; on every backend against numpy itself, not
     through the CPU. A wrong backward kernel or expansion, which every comparison of retro with
     retro, with upstream's loop or with the CPU would share, shows here."""
-    _steps_against_numpy(backend, model_path, seed, kind, head, n_ubatch, ("BASE-01",))
-    on_path(f"n_ubatch={n_ubatch}", f"head={head}", f"kind={kind}")
+    n_ubatch = shape.window if micro_batch == "window" else shape.micro_batch
+    _steps_against_numpy(backend, shape, model_path, seed, kind, head, n_ubatch, ("BASE-01",))
+    on_path(f"micro_batch={micro_batch}", f"head={head}", f"kind={kind}")
 
 
 @pytest.mark.clause("BASE-01", "BASE-03", "HOST-08")
 @pytest.mark.drives("kind=top-k")
-@pytest.mark.parametrize("n_ubatch", [256, 64])
+@pytest.mark.parametrize("micro_batch", ["window", "part"])
 @pytest.mark.parametrize("head", ["dense", "fused"])
-def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_path, seed, head, n_ubatch):
+def test_a_top_k_step_applies_the_gradient_of_the_summed_rows(backend, model_path, seed, shape, head, micro_batch):
     """Top-k targets (k 4) that repeat an id at every position, with rows summing to 1, to less
     and masked: each step applies numpy's gradient over the rows with the repeated ids' weights
     summed, on both heads (HOST-08), and that gradient is its own period's (BASE-01); in
-    micro-batches of a quarter window too, where each reads its own stretch of the k targets."""
-    _steps_against_numpy(backend, model_path, seed, "top-k", head, n_ubatch, ("BASE-01", "HOST-08"))
-    on_path(f"n_ubatch={n_ubatch}", f"head={head}")
+    micro-batches of part of a window too, where each reads its own stretch of the k targets."""
+    n_ubatch = shape.window if micro_batch == "window" else shape.micro_batch
+    _steps_against_numpy(backend, shape, model_path, seed, "top-k", head, n_ubatch, ("BASE-01", "HOST-08"))
+    on_path(f"micro_batch={micro_batch}", f"head={head}")

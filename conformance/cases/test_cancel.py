@@ -15,8 +15,8 @@ import retro.fault_injection as fi
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect, on_path
 
-WINDOWS_TRAIN, WINDOWS_EVAL, UBATCH = 2, 1, 64
-PER_WINDOW = 256 // UBATCH
+# windows of the profile, trained in its micro-batches (shape.parts of them per window)
+WINDOWS_TRAIN, WINDOWS_EVAL = 2, 1
 OPTIMIZERS: dict[str, retro.SGD | retro.AdamW] = {"sgd": retro.SGD(lr=0.01), "adamw": retro.AdamW(lr=1e-3)}
 
 
@@ -59,16 +59,16 @@ UPSTREAM_EPOCH_CALLBACK = ctypes.CFUNCTYPE(
 
 @pytest.mark.clause("CANCEL-02", "CANCEL-05", "CANCEL-06", "HARNESS-03")
 @pytest.mark.parametrize("optimizer, accumulation", [("sgd", 1), ("adamw", 3)])
-def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path, seed, optimizer, accumulation):
+def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path, seed, shape, optimizer, accumulation):
     """Cancelling at train micro-batch k, for every k of the epoch: exactly k computes ran (counted
     at the fork's compute site), the evaluation tail was skipped (no eval callback, no eval
     metrics), and the metrics count the k micro-batches, their optimizer steps and tokens, with
     epoch_complete = False. Cancelling at evaluation micro-batch j: the training and exactly j
     evaluation micro-batches ran. The points swept are every micro-batch that an uncancelled epoch
     reports through its progress callback (HARNESS-03)."""
-    n_train, n_eval = WINDOWS_TRAIN * PER_WINDOW, WINDOWS_EVAL * PER_WINDOW
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
-        ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, 256, model.n_vocab, seed + 10)
+    n_train, n_eval = WINDOWS_TRAIN * shape.parts, WINDOWS_EVAL * shape.parts
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
+        ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, shape.window, model.n_vocab, seed + 10)
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
         whole: list[retro.Progress] = []  # the micro-batches an uncancelled epoch reports
         with retro.Trainer(ctx, optimizer=OPTIMIZERS[optimizer], accumulation=accumulation) as tr:
@@ -94,7 +94,7 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                 )
                 expect(
                     "CANCEL-06",
-                    m.logical_tokens == m.physical_tokens == k * UBATCH,
+                    m.logical_tokens == m.physical_tokens == k * shape.micro_batch,
                     f"cancel at {k}: {m.logical_tokens}/{m.physical_tokens} tokens reported",
                 )
                 expect("CANCEL-06", m.epoch_complete is False, f"cancel at {k}: epoch_complete")
@@ -112,7 +112,7 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
                 )
                 expect(
                     "CANCEL-06",
-                    m.logical_tokens == m.physical_tokens == (n_train + j) * UBATCH,
+                    m.logical_tokens == m.physical_tokens == (n_train + j) * shape.micro_batch,
                     f"cancel at eval {j}: tokens {m.logical_tokens}",
                 )
                 expect(
@@ -130,18 +130,18 @@ def test_cancel_at_every_micro_batch_runs_exactly_that_many(backend, model_path,
 
 @pytest.mark.clause("CANCEL-03")
 @pytest.mark.parametrize("optimizer, accumulation", [("sgd", 1), ("adamw", 2)])
-def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optimizer, accumulation):
+def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, shape, optimizer, accumulation):
     """Parameters after a cancel at micro-batch k, where k closes an accumulation period, equal
     those of an uncancelled run over the same k micro-batches (one window per micro-batch)."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 11)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 11)
     opt = OPTIMIZERS[optimizer]
     for k in range(accumulation, 4, accumulation):
-        with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=opt, accumulation=accumulation) as tr:
                 tr.epoch(ds, progress=_stop_at(k, []))  # the counts are CANCEL-02/06's; here, the parameters
             cancelled = model.parameters()
-        with support.load(backend, model_path) as model, support.context(model) as ctx:
+        with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=opt, accumulation=accumulation) as tr:
                 tr.epoch(support.subset(ds, slice(0, k)))
             reference = model.parameters()
@@ -157,7 +157,7 @@ def test_the_finished_micro_batch_stays_applied(backend, model_path, seed, optim
 @pytest.mark.parametrize("cancelled_in", ["train", "eval"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_an_incomplete_period_never_reaches_a_later_call(
-    backend, model_path, seed, optimizer, cancelled_in, cancelled_by
+    backend, model_path, seed, shape, optimizer, cancelled_in, cancelled_by
 ):
     """Accumulation 2, the first micro-batch of the second period trained, then cancelled, by the
     progress callback returning False or raising (as Ctrl-C does): right after it (train), or in
@@ -165,7 +165,7 @@ def test_an_incomplete_period_never_reaches_a_later_call(
     gradient is discarded: a later call equals a run that never saw it, and the accumulators read
     back are zero right after the cancel."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(6, 256, probe.n_vocab, seed + 12)
+        ds = support.windows(6, shape.window, probe.n_vocab, seed + 12)
     opt = OPTIMIZERS[optimizer]
     first, later = support.subset(ds, slice(0, 2)), support.subset(ds, slice(3, 5))
     stopping = _stop_at if cancelled_by == "false" else _raise_at
@@ -174,7 +174,7 @@ def test_an_incomplete_period_never_reaches_a_later_call(
     else:  # windows 0-2 train, windows 5 and 4 evaluate: cancelled after the first of them
         discarded = support.subset(ds, [0, 1, 2, 5, 4])
         frac, stop = 0.4, stopping(1, [], train=False)
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             if cancelled_by == "false":
                 m = tr.epoch(discarded, val_fraction=frac, progress=stop)
@@ -197,7 +197,7 @@ def test_an_incomplete_period_never_reaches_a_later_call(
             expect("CANCEL-04", acc is not None and not acc.any(), "a partial gradient survived the cancel")
             tr.epoch(later)
         cancelled = model.parameters()
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         with retro.Trainer(ctx, optimizer=opt, accumulation=2) as tr:
             tr.epoch(first)
             tr.epoch(later)
@@ -208,7 +208,7 @@ def test_an_incomplete_period_never_reaches_a_later_call(
 
 
 @pytest.mark.clause("CANCEL-01")
-def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backend, model_path, seed):
+def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backend, model_path, seed, shape):
     """A C-level callback with upstream ggml's ggml_opt_epoch_callback signature is called after
     every micro-batch with its arguments, beside the progress callback (a NULL one, as C passes for
     none, is no callback); a progress callback
@@ -220,9 +220,9 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
     def c_callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us):
         calls.append((bool(train), int(ibatch), int(ibatch_max), bool(opt_ctx), bool(result)))
 
-    n_train, n_eval = WINDOWS_TRAIN * PER_WINDOW, WINDOWS_EVAL * PER_WINDOW
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
-        ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, 256, model.n_vocab, seed + 13)
+    n_train, n_eval = WINDOWS_TRAIN * shape.parts, WINDOWS_EVAL * shape.parts
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
+        ds = support.windows(WINDOWS_TRAIN + WINDOWS_EVAL, shape.window, model.n_vocab, seed + 13)
         frac = WINDOWS_EVAL / (WINDOWS_TRAIN + WINDOWS_EVAL)
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
             progress_calls: list[int] = []
@@ -259,7 +259,7 @@ def test_an_upstream_epoch_callback_is_called_and_false_requests_one_stop(backen
 
 
 @pytest.mark.clause("CANCEL-07")
-def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
+def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed, shape):
     """With duty cycle d < 1 the limiter owes compute * (1 - d) / d of sleep after each micro-batch
     and pays it before the next compute; a cancel drops the debt instead of sleeping it. Measured
     by the wall clock, not by the binding's own accounting. The unit is the fastest micro-batch of
@@ -279,8 +279,8 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
         m = tr.epoch(ds, progress=progress)
         return times, time.monotonic() - times[-1], m.train_micro_batches
 
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
-        ds = support.windows(WINDOWS_TRAIN, 256, model.n_vocab, seed + 14)
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
+        ds = support.windows(WINDOWS_TRAIN, shape.window, model.n_vocab, seed + 14)
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
             run(tr, support.subset(ds, slice(0, 1)), 1)  # warm: optimizer state and graphs exist
             times, _, _ = run(tr, ds, 1 << 30)
@@ -321,7 +321,7 @@ def test_the_limiter_drops_its_debt_on_the_way_out(backend, model_path, seed):
 
 
 @pytest.mark.clause("CANCEL-08")
-def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed):
+def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed, shape):
     """An epoch call nested in another's progress callback ends by return, cancel, native error or
     callback exception: the outer call's callbacks still reach the outer progress, and later calls
     without a progress callback reach none."""
@@ -331,14 +331,15 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
 
     with (
         support.load(backend, model_path) as m_outer,
-        support.context(m_outer, n_ubatch=UBATCH) as c_outer,
+        support.context(m_outer, shape, n_ubatch=shape.micro_batch) as c_outer,
         support.load(backend, model_path) as m_inner,
-        support.context(m_inner, n_ubatch=UBATCH) as c_inner,
+        support.context(m_inner, shape, n_ubatch=shape.micro_batch) as c_inner,
         retro.Trainer(c_outer, optimizer=retro.SGD(lr=0.01)) as outer,
         retro.Trainer(c_inner, optimizer=retro.SGD(lr=0.01)) as inner,
     ):
-        ds = support.windows(1, 256, m_outer.n_vocab, seed + 15)
-        expected_inner = {"return": [1, 2, 3, 4], "cancel": [1], "native error": [1], "exception": [1]}
+        ds = support.windows(1, shape.window, m_outer.n_vocab, seed + 15)
+        every = list(range(1, shape.parts + 1))  # the window's micro-batches, each reported
+        expected_inner = {"return": every, "cancel": [1], "native error": [1], "exception": [1]}
         for exit_kind, want in expected_inner.items():
             outer_calls: list[int] = []
             inner_calls: list[int] = []
@@ -362,7 +363,7 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
 
             outer.epoch(ds, progress=outer_progress)
             fi.reset()
-            expect("CANCEL-08", outer_calls == [1, 2, 3, 4], f"{exit_kind}: the outer progress saw {outer_calls}")
+            expect("CANCEL-08", outer_calls == every, f"{exit_kind}: the outer progress saw {outer_calls}")
             expect("CANCEL-08", inner_calls == want, f"{exit_kind}: the inner progress saw {inner_calls}")
             outer_calls.clear()
             inner_calls.clear()
@@ -376,7 +377,7 @@ def test_the_callback_scope_is_restored_on_every_exit(backend, model_path, seed)
 
 
 @pytest.mark.clause("HARNESS-04")
-def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backend, model_path, seed):
+def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backend, model_path, seed, shape):
     """The progress callback raises at each of its invocations (train and evaluation), and the
     learning-rate schedule (ggml's optimizer-parameter callback) at each of its: every time the
     call stops before any further compute, re-raises that exception unchanged, keeps the steps
@@ -385,11 +386,11 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
     class Boom(Exception):
         pass
 
-    n_train = WINDOWS_TRAIN * PER_WINDOW
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=UBATCH) as ctx:
-        ds = support.windows(WINDOWS_TRAIN + 1, 256, model.n_vocab, seed + 16)
+    n_train = WINDOWS_TRAIN * shape.parts
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
+        ds = support.windows(WINDOWS_TRAIN + 1, shape.window, model.n_vocab, seed + 16)
         frac = 1 / (WINDOWS_TRAIN + 1)
-        invocations = n_train + PER_WINDOW
+        invocations = n_train + shape.parts
         with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01)) as tr:
             for k in range(1, invocations + 1):
                 calls = 0
@@ -447,7 +448,7 @@ def test_a_callback_exception_at_every_invocation_cancels_and_is_re_raised(backe
 
 
 @pytest.mark.clause("CANCEL-08")
-def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, model_path, seed):
+def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, model_path, seed, shape):
     """Two trainers train at once on two threads (the GIL is released while they compute); each
     progress callback sees exactly its own call's micro-batches, and a cancel on one thread stops
     that call alone. The first micro-batches run in lockstep, so that both calls are certainly
@@ -455,14 +456,14 @@ def test_two_trainers_on_two_threads_reach_only_their_own_progress(backend, mode
     import threading
 
     n_windows = 4
-    n_train = n_windows * PER_WINDOW
+    n_train = n_windows * shape.parts
     with (
         support.load(backend, model_path) as m_a,
-        support.context(m_a, n_ubatch=UBATCH, n_threads=1) as c_a,
+        support.context(m_a, shape, n_ubatch=shape.micro_batch, n_threads=1) as c_a,
         support.load(backend, model_path) as m_b,
-        support.context(m_b, n_ubatch=UBATCH, n_threads=1) as c_b,
+        support.context(m_b, shape, n_ubatch=shape.micro_batch, n_threads=1) as c_b,
     ):
-        ds = support.windows(n_windows, 256, m_a.n_vocab, seed + 17)
+        ds = support.windows(n_windows, shape.window, m_a.n_vocab, seed + 17)
         start = threading.Barrier(2)
         seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
         metrics: dict[str, retro.EpochMetrics] = {}

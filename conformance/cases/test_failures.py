@@ -14,6 +14,7 @@ import retro
 import retro.fault_injection as fi
 from retro.conformance import support
 from retro.conformance.evidence import bound, expect, on_path, raises_bound, succeeds
+from retro.conformance.shapes import Shape
 from retro.testing import live_allocations, micro_batch
 
 # site -> (its FAIL-04 sub-clause, the error class, the line the native library logs there)
@@ -52,12 +53,12 @@ def _trainer(ctx: retro.Context, accumulation: int = 1, optimizer: str = "sgd", 
 
 
 @pytest.mark.clause("FAIL-01")
-def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model_path, seed):
+def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model_path, seed, shape):
     """Every site failed in a step (its second micro-batch; the optimizer's state, at the first
     step that allocates it), and in preparation: the optimizer's state of a restore. Each raises
     its own class carrying the line the native library logged there."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(1, 256, probe.n_vocab, seed + 20)
+        ds = support.windows(1, shape.window, probe.n_vocab, seed + 20)
 
     def raises_its_own(site: str, call) -> None:
         cls, diagnostic = SITES[site]
@@ -69,7 +70,7 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
     for site in SITES:
         with (
             support.load(backend, model_path) as model,
-            support.context(model, n_ubatch=64) as ctx,
+            support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
             _trainer(ctx, site=site) as tr,
         ):
             fi.reset()
@@ -77,7 +78,10 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
             raises_its_own(site, lambda: tr.epoch(ds))
     on_path("when=step")
     for site in PREPARATION:
-        with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
+        with (
+            support.load(backend, model_path) as model,
+            support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
+        ):
             with _trainer(ctx, optimizer="adamw") as tr:
                 start = tr.checkpoint()
                 fi.reset()
@@ -103,7 +107,7 @@ def test_each_failure_is_its_own_class_with_the_native_diagnostic(backend, model
     ],
 )
 def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
-    backend, model_path, seed, site, optimizer, accumulation, start
+    backend, model_path, seed, shape, site, optimizer, accumulation, start
 ):
     """Failing micro-batch k: the progress callback and the caller's C epoch callback heard only of
     1..k-1, the optimizer iteration is the one the last completed step left, and (after a
@@ -113,9 +117,9 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
     counts run one micro-batch ahead of the call's own count, and the schedule is asked for steps
     0, 1, ... in order, each once, before the micro-batch that takes it."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(2, 256, probe.n_vocab, seed + 21)
-        one_micro_batch = support.windows(1, 64, probe.n_vocab, seed + 23)
-    for k in (1, 3, 8):
+        ds = support.windows(2, shape.window, probe.n_vocab, seed + 21)
+        one_micro_batch = support.windows(1, shape.micro_batch, probe.n_vocab, seed + 23)
+    for k in (1, 3, 2 * shape.parts):  # the first, one inside, and the last of the epoch's micro-batches
         asked: list[int] = []
 
         def schedule(step: int, horizon: int) -> float:
@@ -130,7 +134,7 @@ def test_a_failed_step_publishes_nothing_and_the_cursor_stays(
 
         with (
             support.load(backend, model_path) as model,
-            support.context(model, n_ubatch=64) as ctx,
+            support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
             retro.Trainer(
                 ctx, optimizer=_optimizer(optimizer), accumulation=accumulation, schedule=schedule, horizon=100
             ) as tr,
@@ -202,33 +206,34 @@ def _unlike_a_fresh_sequence(ctx: retro.Context) -> str | None:
     return None if np.array_equal(now, fresh) else "its logits differ from those after a reset"
 
 
-def _check_state_dropped(backend, model_path, seed, site):
+def _check_state_dropped(backend, shape: Shape, model_path, seed, site):
     """From a trained state, a micro-batch of an accumulation period of 2 has left a gradient and
-    64 positions in the KV cache; the next one fails at the site. Observed right after the failed
+    its positions in the KV cache; the next one fails at the site. Observed right after the failed
     step (retro.testing.micro_batch, before any epoch call tidies up): the sequence state is empty
     (FAIL-04: the next decode starts at position 0), and the period restarts with zero accumulators
     (the site's own sub-clause); the trainer's next call completes. A call failing at the site in
     its evaluation tail drops the open period of its training as well."""
     clause = BEFORE_COMPUTE[site][0]
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(1, 256, probe.n_vocab, seed + 22)
+        ds = support.windows(1, shape.window, probe.n_vocab, seed + 22)
     tokens, labels = ds.tokens[0], ds.labels[0]
+    ub = shape.micro_batch  # the window's first micro-batch is [:ub], its second [ub : 2 * ub]
     with (
         support.load(backend, model_path) as model,
-        support.context(model, n_ubatch=64) as ctx,
+        support.context(model, shape, n_ubatch=ub) as ctx,
         _trainer(ctx, 2, "adamw", site) as tr,
     ):
         tr.epoch(ds)
-        micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+        micro_batch(tr, tokens[:ub], labels[:ub], pos0=0)
         expect(
             "FAIL-04",
-            ctx.sequence_length == 64 and tr.period_position == 1,
+            ctx.sequence_length == ub and tr.period_position == 1,
             f"the first micro-batch left {ctx.sequence_length} positions, period position {tr.period_position}",
         )
         fi.reset()
         fi.arm(site, 1)
         with pytest.raises(retro.BeforeComputeError) as err:
-            micro_batch(tr, tokens[64:128], labels[64:128], pos0=64)
+            micro_batch(tr, tokens[ub : 2 * ub], labels[ub : 2 * ub], pos0=ub)
         expect(clause, fi.failures(site) == 1, f"{site}: the armed failure did not fire")
         if site == "fused_head":  # the typed error names the op and the backend that lacks it
             named = re.search(r"needs ([A-Z_]+) on (\S+)", str(err.value))
@@ -250,7 +255,7 @@ def _check_state_dropped(backend, model_path, seed, site):
             fi.reset()
             fi.arm(site, 1)
             with pytest.raises(retro.BeforeComputeError):
-                micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+                micro_batch(tr, tokens[:ub], labels[:ub], pos0=0)
             held.append(live_allocations())
         expect(
             "FAIL-04",
@@ -262,10 +267,10 @@ def _check_state_dropped(backend, model_path, seed, site):
         closing = []
         for _ in range(3):
             fi.reset()
-            micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+            micro_batch(tr, tokens[:ub], labels[:ub], pos0=0)
             fi.arm(site, 1)
             with pytest.raises(retro.BeforeComputeError):
-                micro_batch(tr, tokens[64:128], labels[64:128], pos0=64)
+                micro_batch(tr, tokens[ub : 2 * ub], labels[ub : 2 * ub], pos0=ub)
             closing.append(live_allocations())
         expect(
             "FAIL-04",
@@ -286,8 +291,8 @@ def _check_state_dropped(backend, model_path, seed, site):
 
     # the evaluation tail: its failure drops the incomplete period of the training before it, as a
     # cancel there does (CANCEL-04); a training window of 3 micro-batches leaves one of 2 open
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx:
-        tail = support.windows(2, 192, model.n_vocab, seed + 23)
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=ub) as ctx:
+        tail = support.windows(2, 3 * ub, model.n_vocab, seed + 23)
         passes: list[tuple[bool, int]] = []
         fi.reset()
         with _trainer(ctx, 2, "adamw", site) as clean:
@@ -316,20 +321,21 @@ def _check_state_dropped(backend, model_path, seed, site):
                 f"{kept} of {len(tail_accs)} accumulators holding partial gradients",
             )
     if site == "alloc":
-        _check_state_allocation_dropped(backend, model_path, tokens, labels)
+        _check_state_allocation_dropped(backend, shape, model_path, tokens, labels)
 
 
-def _check_state_allocation_dropped(backend, model_path, tokens, labels):
+def _check_state_allocation_dropped(backend, shape: Shape, model_path, tokens, labels):
     """The optimizer's state, allocated by a trainer's first step one buffer type at a time (site
     opt_state, one hit per type; its parameters' own types): failed at each type in turn, the same
     first step failed three times holds nothing more, so the types allocated before the failing one
     were given back. On a backend that offloads, one layer on its device and the rest on the CPU
     puts the state in two types."""
     split = bool(backend.offload_devices)
-    with support.load(backend, model_path, gpu_layers=1) as model, support.context(model, n_ubatch=64) as ctx:
+    ub = shape.micro_batch
+    with support.load(backend, model_path, gpu_layers=1) as model, support.context(model, shape, n_ubatch=ub) as ctx:
         fi.reset()
         with _trainer(ctx, 1, "adamw") as clean:
-            micro_batch(clean, tokens[:64], labels[:64], pos0=0)
+            micro_batch(clean, tokens[:ub], labels[:ub], pos0=0)
         types = fi.hits("opt_state")
         expect("FAIL-04e", types >= 1 + split, f"the first step allocated the optimizer state in {types} buffer types")
         for k in range(1, types + 1):
@@ -339,7 +345,7 @@ def _check_state_allocation_dropped(backend, model_path, tokens, labels):
                     fi.reset()
                     fi.arm("opt_state", k)
                     with pytest.raises(retro.AllocationError):
-                        micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+                        micro_batch(tr, tokens[:ub], labels[:ub], pos0=0)
                     held.append(live_allocations())
             fi.reset()
             expect(
@@ -354,8 +360,8 @@ def _state_dropped_check(site: str):
     clause = BEFORE_COMPUTE[site][0]
 
     @pytest.mark.clause("FAIL-04", clause)
-    def check(backend, model_path, seed):
-        _check_state_dropped(backend, model_path, seed, site)
+    def check(backend, model_path, seed, shape):
+        _check_state_dropped(backend, shape, model_path, seed, site)
 
     check.__name__ = check.__qualname__ = f"test_{site}_failure_drops_the_step_state"
     check.__doc__ = f"{clause}: {_check_state_dropped.__doc__}"
@@ -369,18 +375,18 @@ for _site in BEFORE_COMPUTE:
 
 @pytest.mark.clause("FAIL-05")
 @pytest.mark.parametrize("site", list(BEFORE_COMPUTE))
-def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend, model_path, seed, site):
+def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend, model_path, seed, shape, site):
     """From a trained state (AdamW, accumulation 2), a call failing before compute, then a call
     that completes, equals the same trained state followed by that call alone."""
     with support.load(backend, model_path, trainable=False) as probe:
-        warm = support.windows(1, 256, probe.n_vocab, seed + 23)
-        failing = support.windows(1, 256, probe.n_vocab, seed + 24)
-        later = support.windows(2, 256, probe.n_vocab, seed + 25)
+        warm = support.windows(1, shape.window, probe.n_vocab, seed + 23)
+        failing = support.windows(1, shape.window, probe.n_vocab, seed + 24)
+        later = support.windows(2, shape.window, probe.n_vocab, seed + 25)
     runs = []
     for fail in (True, False):
         with (
             support.load(backend, model_path) as model,
-            support.context(model, n_ubatch=64) as ctx,
+            support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
             _trainer(ctx, 2, "adamw", site) as tr,
         ):
             tr.epoch(warm)
@@ -405,20 +411,21 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
     # takes it) and the call after it must equal that call on the state before the period, whose
     # partial gradient is gone
     tokens, labels = failing.tokens[0], failing.labels[0]
+    ub = shape.micro_batch
     alone = []
     for fail in (True, False):
         with (
             support.load(backend, model_path) as model,
-            support.context(model, n_ubatch=64) as ctx,
+            support.context(model, shape, n_ubatch=ub) as ctx,
             _trainer(ctx, 4, "adamw", site) as tr,
         ):
             tr.epoch(warm)
             if fail:
-                micro_batch(tr, tokens[:64], labels[:64], pos0=0)
+                micro_batch(tr, tokens[:ub], labels[:ub], pos0=0)
                 fi.reset()
                 fi.arm(site, 1)
                 with raises_bound("FAIL-05", retro.BeforeComputeError):
-                    micro_batch(tr, tokens[64:128], labels[64:128], pos0=0)
+                    micro_batch(tr, tokens[ub : 2 * ub], labels[ub : 2 * ub], pos0=0)
                 fi.reset()
                 expect(
                     "FAIL-05",
@@ -435,15 +442,19 @@ def test_after_a_before_compute_failure_the_next_call_equals_a_fresh_run(backend
 
 
 @pytest.mark.clause("FAIL-07")
-def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed):
+def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed, shape):
     """Every later call that computes or reads or writes training state raises
     PoisonedTrainerError, and none reaches the backend. The failure is real work failing: the
     first micro-batch's graph stops after some of its optimizer updates ran, so some weights took
     the step and others did not (a fault that failed before any update, or after all of them,
     would not be the failure this clause is about)."""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(1, 256, probe.n_vocab, seed + 26)
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=64) as ctx, _trainer(ctx) as tr:
+        ds = support.windows(1, shape.window, probe.n_vocab, seed + 26)
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
+        _trainer(ctx) as tr,
+    ):
         before = model.parameters()
         fi.arm("compute", 1)
         with pytest.raises(retro.ComputeError):
@@ -466,19 +477,27 @@ def test_a_compute_failure_poisons_the_trainer(backend, model_path, seed):
 
 @pytest.mark.clause("FAIL-06")
 @pytest.mark.parametrize("site", list(BEFORE_COMPUTE))
-def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed, site):
+def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed, shape, site):
     """A before-compute failure at micro-batch k (one window each, accumulation 1): the
     parameters equal those of a run that completed the first k-1 micro-batches. (After a backend
     compute failure the parameters may be partly written: FAIL-07, not this clause.)"""
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 27)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 27)
     k = 3
-    with support.load(backend, model_path) as model, support.context(model) as ctx, _trainer(ctx, site=site) as tr:
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, shape) as ctx,
+        _trainer(ctx, site=site) as tr,
+    ):
         fi.arm(site, k)
         with pytest.raises(retro.TrainingError):
             tr.epoch(ds)
         failed = model.parameters()
-    with support.load(backend, model_path) as model, support.context(model) as ctx, _trainer(ctx, site=site) as tr:
+    with (
+        support.load(backend, model_path) as model,
+        support.context(model, shape) as ctx,
+        _trainer(ctx, site=site) as tr,
+    ):
         fi.reset()
         tr.epoch(support.subset(ds, slice(0, k - 1)))
         completed = model.parameters()
@@ -488,21 +507,21 @@ def test_steps_completed_before_a_failure_stay_applied(backend, model_path, seed
 
 
 @pytest.mark.clause("FAIL-08")
-def test_recovery_restores_a_checkpoint_and_training_continues_identically(backend, model_path, seed, tmp_path):
+def test_recovery_restores_a_checkpoint_and_training_continues_identically(backend, model_path, seed, shape, tmp_path):
     """A compute failure poisons the trainer after later steps moved the parameters on; a new
     trainer restoring a checkpoint (through a file) has the checkpoint's parameters, AdamW moments
     and cursor, and trains on exactly as the run that never failed."""
     with support.load(backend, model_path, trainable=False) as probe:
-        first = support.windows(2, 256, probe.n_vocab, seed + 28)
-        then = support.windows(2, 256, probe.n_vocab, seed + 29)
+        first = support.windows(2, shape.window, probe.n_vocab, seed + 28)
+        then = support.windows(2, shape.window, probe.n_vocab, seed + 29)
     adamw = retro.AdamW(lr=2e-3)
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         with retro.Trainer(ctx, optimizer=adamw) as tr:
             tr.epoch(first)
             saved = tr.checkpoint().save(tmp_path / "ckpt.npz")
             tr.epoch(then)
             never_failed = model.parameters()
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         with retro.Trainer(ctx, optimizer=adamw) as tr:
             tr.epoch(first)
             fi.arm("compute", 2)  # then's first step lands, its second fails
@@ -548,7 +567,7 @@ def test_recovery_restores_a_checkpoint_and_training_continues_identically(backe
         # a checkpoint is taken, and restored, at an accumulation boundary only: 3 micro-batches of
         # a period of 2 leave one pending, which neither may drop or keep unseen
         with retro.Trainer(ctx, optimizer=adamw, accumulation=2) as mid:
-            mid.epoch(support.windows(3, 256, model.n_vocab, seed + 27))
+            mid.epoch(support.windows(3, shape.window, model.n_vocab, seed + 27))
             expect("FAIL-08", mid.period_position == 1, f"period position {mid.period_position}, not 1")
             for what, call in (("checkpoint", mid.checkpoint), ("restore", lambda: mid.restore(ckpt))):
                 with bound("FAIL-08"), pytest.raises(retro.InvalidStateError):
@@ -583,16 +602,16 @@ def _damaged_checkpoints(ckpt: retro.Checkpoint) -> list[tuple[str, object, type
     ]
 
 
-#: the reference epoch of the sweep: a training window and an evaluation window of 4 micro-batches
-#: of 64 tokens each, accumulation 3 (the evaluation tail follows an open period), the fused head
-#: (whose support question is a site of its own); every site is passed once per micro-batch
-SWEEP_UBATCH, SWEEP_ACCUMULATION, SWEEP_VAL_FRACTION = 64, 3, 0.5
+#: the reference epoch of the sweep: a training window and an evaluation window, each in the
+#: profile's micro-batches, accumulation 3 (the evaluation tail follows an open period), the fused
+#: head (whose support question is a site of its own); every site is passed once per micro-batch
+SWEEP_ACCUMULATION, SWEEP_VAL_FRACTION = 3, 0.5
 
 
-def _one_step(tr: retro.Trainer, ds) -> retro.RetroError | None:
+def _one_step(tr: retro.Trainer, shape: Shape, ds) -> retro.RetroError | None:
     """What one training micro-batch of the dataset's first window raised (None: it ran)."""
     try:
-        micro_batch(tr, ds.tokens[0, :SWEEP_UBATCH], ds.labels[0, :SWEEP_UBATCH], pos0=0)
+        micro_batch(tr, ds.tokens[0, : shape.micro_batch], ds.labels[0, : shape.micro_batch], pos0=0)
     except retro.RetroError as err:
         return err
     return None
@@ -600,7 +619,7 @@ def _one_step(tr: retro.Trainer, ds) -> retro.RetroError | None:
 
 @pytest.mark.clause("HARNESS-02")
 @pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
-def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path, seed, persistent):
+def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path, seed, shape, persistent):
     """SQLite-style: for every fault site and every hit k that a clean reference epoch makes of it,
     an epoch armed at (site, k) fails in the micro-batch where the clean epoch passed the site for
     the k-th time (seen through its progress callbacks, not the hooks' own counters), with that
@@ -609,8 +628,8 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
     (FAIL-07), in the training windows and in the evaluation tail alike. Armed persistently, the next
     call fails at the same site again. The sweep ends exactly at the site's last hit: armed one past
     it, the epoch completes."""
-    with support.load(backend, model_path) as model, support.context(model, n_ubatch=SWEEP_UBATCH) as ctx:
-        ds = support.windows(2, 256, model.n_vocab, seed + 30)
+    with support.load(backend, model_path) as model, support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
+        ds = support.windows(2, shape.window, model.n_vocab, seed + 30)
 
         def trainer() -> retro.Trainer:
             return retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=SWEEP_ACCUMULATION, head="fused")
@@ -625,7 +644,11 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                 progress=support.recording(passed, lambda p: {"train": p.train, **{s: fi.hits(s) for s in fi.SITES}}),
             )
             evaluated = sum(1 for p in passed if not p["train"])
-        expect("HARNESS-02", evaluated == 4, f"the reference epoch evaluated {evaluated} micro-batches, not 4")
+        expect(
+            "HARNESS-02",
+            evaluated == shape.parts,
+            f"the reference epoch evaluated {evaluated} micro-batches, not {shape.parts}",
+        )
         totals = {s: fi.hits(s) for s in fi.SITES}
         # every site is reached, each micro-batch passing it once (the optimizer's state: once per
         # trainer, at its first step): a site no step reaches could never be armed
@@ -674,7 +697,7 @@ def test_every_site_fails_at_every_hit_of_a_reference_epoch(backend, model_path,
                                 with bound("HARNESS-02"), pytest.raises(cls):
                                     tr.epoch(ds)
                             else:  # armed once, the site failed once: the next step runs through
-                                again = _one_step(tr, ds)
+                                again = _one_step(tr, shape, ds)
                                 expect(
                                     "HARNESS-02",
                                     again is None and fi.failures(site) == 1,

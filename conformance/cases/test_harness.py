@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retro.conformance import cli, registry, results
+from retro.conformance import cli, registry, results, shapes
 from retro.conformance.evidence import bound, expect
 
 CANARIES = Path(cli.__file__).parent / "canaries"
@@ -86,6 +86,7 @@ def canary_run(workdir: Path) -> list[dict]:
         exitfirst=False,
         keyword=None,
         seed=0,
+        shape=shapes.DEFAULT,  # the canaries take no shape profile
         case_timeout=HANG_TIMEOUT_S,
         progress=False,
         verbose=False,

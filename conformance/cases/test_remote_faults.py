@@ -17,6 +17,7 @@ import retro.rpc
 from retro.conformance import backends, support
 from retro.conformance.evidence import Bound, against_oracle, bound, expect, on_path
 from retro.conformance.plugin import not_supported
+from retro.conformance.shapes import Shape
 
 DEADLINE_S = 3.0  # of each send and receive on the links these checks make
 SLACK_S = 5.0  # a failed call may take the deadline plus this
@@ -68,19 +69,19 @@ def _lose_server(tr: retro.Trainer, ds: retro.TokenDataset, server: retro.rpc.Se
 
 
 @pytest.mark.clause("FAIL-01", "FAIL-02", "FAIL-07")
-def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, seed):
+def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, shape, seed):
     """Killed before micro-batch k+1 for every k of a 4-micro-batch epoch, and stopped (SIGSTOP)
     once: a ComputeError naming the lost link within the deadline, no progress report for the
     failed step, a poisoned trainer that refuses every later call. A server that never ran is a
     BackendError at connect; one that stalls within the link's default deadline fails nothing."""
     _remote_only(backend)
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(4, 256, probe.n_vocab, seed + 40)
+        ds = support.windows(4, shape.window, probe.n_vocab, seed + 40)
     for how, ks in (("kill", range(4)), ("stop", [1])):
         for k in ks:
             with retro.rpc.Server(numerics=backends.rpc_numerics()) as server:
                 remote = _on(server)
-                with support.load(remote, model_path) as model, support.context(model) as ctx:
+                with support.load(remote, model_path) as model, support.context(model, shape) as ctx:
                     with retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3)) as tr:
                         what, seen = _lose_server(tr, ds, server, k, how)
                         expect("FAIL-02", seen == list(range(1, k + 1)), f"{what}: progress reports {seen}")
@@ -90,7 +91,7 @@ def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, s
                                 call()
     with bound("FAIL-01"), pytest.raises(retro.BackendError):
         retro.rpc.connect(f"{retro.rpc.LOOPBACK}:{retro.rpc.free_port()}", deadline_s=DEADLINE_S)
-    _stalled_within_the_deadline(model_path, ds)
+    _stalled_within_the_deadline(model_path, shape, ds)
 
 
 #: how long the stalled server answers nothing: longer than any step of these checks takes, well
@@ -98,7 +99,7 @@ def test_a_server_lost_at_any_micro_batch_fails_that_step(backend, model_path, s
 STALL_S = 2.0
 
 
-def _stalled_within_the_deadline(model_path, ds: retro.TokenDataset) -> None:
+def _stalled_within_the_deadline(model_path, shape: Shape, ds: retro.TokenDataset) -> None:
     """Only a failure is recorded: a server that answers nothing for STALL_S after the first
     micro-batch (SIGSTOP, then SIGCONT), on a link with the default deadline, delays the epoch and
     fails nothing: it completes, the trainer is not poisoned, and the parameters are those of an
@@ -114,7 +115,7 @@ def _stalled_within_the_deadline(model_path, ds: retro.TokenDataset) -> None:
                     server.stop()
                     threading.Timer(STALL_S, server.resume).start()
 
-            with support.load(remote, model_path) as model, support.context(model) as ctx:
+            with support.load(remote, model_path) as model, support.context(model, shape) as ctx:
                 with retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-2)) as tr:
                     t0 = time.monotonic()
                     try:
@@ -131,23 +132,23 @@ def _stalled_within_the_deadline(model_path, ds: retro.TokenDataset) -> None:
 
 
 @pytest.mark.clause("FAIL-08")
-def test_a_restarted_server_recovers_from_a_checkpoint(backend, model_path, seed):
+def test_a_restarted_server_recovers_from_a_checkpoint(backend, model_path, shape, seed):
     """Train, checkpoint, lose the server mid-epoch; on a restarted server a new model and trainer
     restore the checkpoint (parameters, moments, cursor) and train on as a server that never went
     down does from it."""
     _remote_only(backend)
     with support.load(backend, model_path, trainable=False) as probe:
-        first = support.windows(2, 256, probe.n_vocab, seed + 41)
-        then = support.windows(3, 256, probe.n_vocab, seed + 42)
+        first = support.windows(2, shape.window, probe.n_vocab, seed + 41)
+        then = support.windows(3, shape.window, probe.n_vocab, seed + 42)
     adamw = retro.AdamW(lr=2e-3)
     with retro.rpc.Server(numerics=backends.rpc_numerics()) as server:
-        with support.load(_on(server), model_path) as model, support.context(model) as ctx:
+        with support.load(_on(server), model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=adamw) as tr:
                 tr.epoch(first)
                 ckpt = tr.checkpoint()
                 _lose_server(tr, then, server, 2, "kill")
         server.restart()
-        with support.load(_on(server), model_path) as model, support.context(model) as ctx:
+        with support.load(_on(server), model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=adamw) as tr:
                 tr.restore(ckpt)
                 expect("FAIL-08", tr.iteration == ckpt.iteration, f"cursor {tr.iteration} vs {ckpt.iteration}")
@@ -163,7 +164,7 @@ def test_a_restarted_server_recovers_from_a_checkpoint(backend, model_path, seed
                 tr.epoch(then)
                 resumed = model.parameters()
     with retro.rpc.Server(numerics=backends.rpc_numerics()) as never_down:
-        with support.load(_on(never_down), model_path) as model, support.context(model) as ctx:
+        with support.load(_on(never_down), model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=adamw) as tr:
                 tr.restore(ckpt)
                 tr.epoch(then)
@@ -177,7 +178,7 @@ MiB = 2**20
 
 @pytest.mark.clause("FAIL-01")
 @pytest.mark.parametrize("when", ["preparation", "step"])
-def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(backend, model_path, seed, when):
+def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(backend, model_path, shape, seed, when):
     """The server's memory is capped (RLIMIT_AS, as ``ulimit -v``) so that a real allocation
     fails on the remote device: with room for half the optimizer state, that of a restore
     (preparation); with room for the state but not for the compute buffer, the epoch's first step.
@@ -190,10 +191,10 @@ def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(ba
     period's first micro-batch has no period position to forget)."""
     _remote_only(backend)
     with support.load(backend, model_path, trainable=False) as probe:
-        ds = support.windows(2, 256, probe.n_vocab, seed + 43)
+        ds = support.windows(2, shape.window, probe.n_vocab, seed + 43)
     adamw = retro.AdamW(lr=2e-3)
     with retro.rpc.Server(numerics=backends.rpc_numerics()) as uncapped:
-        with support.load(_on(uncapped), model_path) as model, support.context(model) as ctx:
+        with support.load(_on(uncapped), model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=adamw) as tr:
                 start = tr.checkpoint()
                 if when == "preparation":
@@ -202,7 +203,7 @@ def test_a_real_allocation_failure_on_the_remote_device_is_typed_and_survived(ba
                 oracle = model.parameters()
     with retro.rpc.Server(numerics=backends.rpc_numerics()) as server:
         remote = _on(server)
-        with support.load(remote, model_path) as model, support.context(model) as ctx:
+        with support.load(remote, model_path) as model, support.context(model, shape) as ctx:
             with retro.Trainer(ctx, optimizer=adamw) as tr:
                 plan = tr.preflight(ds)
                 on_server = [b for b in plan.buffers if b.buffer_type.startswith("RPC")]

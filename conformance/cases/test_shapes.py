@@ -15,6 +15,7 @@ import retro
 import retro.fault_injection as fi
 from retro.conformance import support
 from retro.conformance.evidence import expect, on_path
+from retro.conformance.shapes import Shape
 
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 TYPED = (ValueError, TypeError, OverflowError)
@@ -34,20 +35,27 @@ def _state(model: retro.Model, tr: retro.Trainer) -> tuple:
     )
 
 
+def _odd_width(shape: Shape) -> int:
+    """A width below a window that its micro-batch does not divide."""
+    return shape.micro_batch + 36
+
+
 @st.composite
-def bad_epochs(draw: st.DrawFn, n_vocab: int) -> dict:
+def bad_epochs(draw: st.DrawFn, n_vocab: int, shape: Shape) -> dict:
     """An epoch call one detail of which is wrong; the rest is a valid 3-window dataset."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    tokens = rng.integers(0, n_vocab, size=(3, 256)).astype(np.int32)
-    labels = rng.integers(0, n_vocab, size=(3, 256)).astype(np.int32)
+    tokens = rng.integers(0, n_vocab, size=(3, shape.window)).astype(np.int32)
+    labels = rng.integers(0, n_vocab, size=(3, shape.window)).astype(np.int32)
     kind = draw(st.sampled_from(["token id", "label id", "width", "val_fraction", "dtype"]))
     kwargs: dict = {}
     if kind in ("token id", "label id"):
         target = tokens if kind == "token id" else labels
-        w, i = draw(st.integers(0, 2)), draw(st.integers(0, 255))  # any window: a late one too
+        w, i = draw(st.integers(0, 2)), draw(st.integers(0, shape.window - 1))  # any window: a late one too
         target[w, i] = draw(st.sampled_from([n_vocab, n_vocab + 7, -1, INT32_MAX]))
     elif kind == "width":
-        width = draw(st.sampled_from([100, 257, 320, 512]))
+        # no whole micro-batches; one past n_ctx; whole micro-batches past n_ctx; two windows
+        window = shape.window
+        width = draw(st.sampled_from([_odd_width(shape), window + 1, window + shape.micro_batch, 2 * window]))
         tokens, labels = np.zeros((1, width), np.int32), np.zeros((1, width), np.int32)
     elif kind == "val_fraction":
         kwargs["val_fraction"] = draw(st.sampled_from([1.0, -0.25, float("nan"), float("inf"), 2]))
@@ -57,17 +65,20 @@ def bad_epochs(draw: st.DrawFn, n_vocab: int) -> dict:
     return {"dataset": lambda: retro.TokenDataset(tokens, labels), **kwargs}
 
 
-def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callable[[], object], type, str]]:
+def _bad_details(
+    n_vocab: int, tr: retro.Trainer, shape: Shape
+) -> list[tuple[str, str, Callable[[], object], type, str]]:
     """Every check a dataset, a packing, a trainer's schedule or an epoch call makes of its
     input, each met alone: (the input, as SHAPE-01's paths name it; what; the call; the typed
     error; what its message names)."""
     ctx = tr.context
-    t = np.zeros((1, 256), np.int32)
-    w = np.ones((1, 256), np.float32)
-    t2, w2 = np.zeros((2, 256), np.int32), np.ones((2, 256), np.float32)
-    ids, kw = np.zeros((1, 256, 2), np.int32), np.ones((1, 256, 2), np.float32)
-    docs = np.repeat(np.arange(4, dtype=np.int32), 64)[None]
-    stream = np.zeros(300, np.int64)
+    window, half, odd = shape.window, shape.window // 2, _odd_width(shape)
+    t = np.zeros((1, window), np.int32)
+    w = np.ones((1, window), np.float32)
+    t2, w2 = np.zeros((2, window), np.int32), np.ones((2, window), np.float32)
+    ids, kw = np.zeros((1, window, 2), np.int32), np.ones((1, window, 2), np.float32)
+    docs = np.repeat(np.arange(shape.parts, dtype=np.int32), shape.micro_batch)[None]  # one per micro-batch
+    stream = np.zeros(window + 44, np.int64)  # a window and its labels, and some to spare: an even count
     Token, Weighted, TopK, Packed = retro.TokenDataset, retro.WeightedDataset, retro.TopKDataset, retro.PackedDataset
 
     def with_one(arr: np.ndarray, value: float) -> np.ndarray:
@@ -80,30 +91,40 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
         "token": [
             (
                 "a stream of floats",
-                lambda: Token.from_tokens(stream.astype(np.float32), width=256),
+                lambda: Token.from_tokens(stream.astype(np.float32), width=window),
                 TypeError,
                 "integers",
             ),
-            ("a 2-D stream", lambda: Token.from_tokens(stream.reshape(2, 150), width=64), ValueError, "1-D"),
+            (
+                "a 2-D stream",
+                lambda: Token.from_tokens(stream.reshape(2, -1), width=shape.micro_batch),
+                ValueError,
+                "1-D",
+            ),
             (
                 "a negative id in a stream",
-                lambda: Token.from_tokens(with_one(stream, -1), width=256),
+                lambda: Token.from_tokens(with_one(stream, -1), width=window),
                 ValueError,
                 ">= 0",
             ),
             ("a window width of 0", lambda: Token.from_tokens(stream, width=0), ValueError, "width"),
-            ("a stride of 0", lambda: Token.from_tokens(stream, width=256, stride=0), ValueError, "stride"),
+            ("a stride of 0", lambda: Token.from_tokens(stream, width=window, stride=0), ValueError, "stride"),
             (
                 "a stream without a last label",
-                lambda: Token.from_tokens(stream[:256], width=256),
+                lambda: Token.from_tokens(stream[:window], width=window),
                 ValueError,
                 "cannot fill",
             ),
             ("tokens as a list", lambda: Token(support.hostile(t.tolist()), t), TypeError, "numpy array"),
-            ("labels of another shape", lambda: Token(t, t[:, :128].copy()), ValueError, "one shape"),
+            ("labels of another shape", lambda: Token(t, t[:, :half].copy()), ValueError, "one shape"),
             ("int64 tokens", lambda: Token(t.astype(np.int64), t), TypeError, "tokens must be int32"),
             ("int64 labels", lambda: Token(t, t.astype(np.int64)), TypeError, "labels must be int32"),
-            ("strided labels", lambda: Token(t, np.zeros((1, 512), np.int32)[:, ::2]), ValueError, "C-contiguous"),
+            (
+                "strided labels",
+                lambda: Token(t, np.zeros((1, 2 * window), np.int32)[:, ::2]),
+                ValueError,
+                "C-contiguous",
+            ),
             # Fortran order: contiguous, yet the binding would read a converted copy (two rows: a single
             # row is C- and Fortran-contiguous at once)
             ("Fortran-ordered labels", lambda: Token(t2, np.asfortranarray(t2)), ValueError, "C-contiguous"),
@@ -115,11 +136,11 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
             ("3-D labels", lambda: Weighted(t, t[..., None], w), ValueError, "labels must be 2-D"),
             (
                 "strided tokens",
-                lambda: Weighted(np.zeros((1, 512), np.int32)[:, ::2], t, w),
+                lambda: Weighted(np.zeros((1, 2 * window), np.int32)[:, ::2], t, w),
                 ValueError,
                 "C-contiguous",
             ),
-            ("weights of another shape", lambda: Weighted(t, t, w[:, :128].copy()), ValueError, "one shape"),
+            ("weights of another shape", lambda: Weighted(t, t, w[:, :half].copy()), ValueError, "one shape"),
             ("a negative weight", lambda: tr.epoch(Weighted(t, t, with_one(w, -0.5))), ValueError, "dataset.weights"),
             ("a NaN weight", lambda: tr.epoch(Weighted(t, t, with_one(w, np.nan))), ValueError, "dataset.weights"),
             (
@@ -132,7 +153,7 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
         "top-k": [
             ("2-D ids", lambda: TopK(t, t, w), ValueError, "ids must be 3-D"),
             ("ids and weights of other k", lambda: TopK(t, ids, kw[..., :1].copy()), ValueError, "shape x k"),
-            ("k past the native limit", lambda: TopK(t, *_k_wide(TopK.MAX_K + 1)), ValueError, "k must be in"),
+            ("k past the native limit", lambda: TopK(t, *_k_wide(shape, TopK.MAX_K + 1)), ValueError, "k must be in"),
             (
                 "a target id past the vocabulary",
                 lambda: tr.epoch(TopK(t, with_one(ids, n_vocab), kw)),
@@ -145,17 +166,18 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
             ("documents that decrease", lambda: Packed(t, docs[:, ::-1].copy()), ValueError, "decrease"),
             (
                 "a document after padding",
-                lambda: Packed(t, _with_padding(docs, 100, 28)),
+                # padding from inside the second document to its end, the third after it
+                lambda: Packed(t, _with_padding(docs, odd, 2 * shape.micro_batch - odd)),
                 ValueError,
                 "follows padding",
             ),
             ("a document index below padding", lambda: Packed(t, with_one(docs, -2)), ValueError, ">= 0"),
             ("no tokens at all", lambda: Packed(t[:, :0].copy(), docs[:, :0].copy()), ValueError, "empty"),
-            ("documents of another shape", lambda: Packed(t, docs[:, :128].copy()), ValueError, "one shape"),
-            ("nothing to pack", lambda: Packed.pack([], width=256), ValueError, "no documents"),
+            ("documents of another shape", lambda: Packed(t, docs[:, :half].copy()), ValueError, "one shape"),
+            ("nothing to pack", lambda: Packed.pack([], width=window), ValueError, "no documents"),
             (
                 "a document past the window",
-                lambda: Packed.pack([np.zeros(257, int)], width=256),
+                lambda: Packed.pack([np.zeros(window + 1, int)], width=window),
                 ValueError,
                 "more than",
             ),
@@ -175,13 +197,13 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
             ("a negative id in a document", lambda: Packed.pack([[1, -2]], width=8), ValueError, "token ids"),
             (
                 "more documents per micro-batch than sequences",
-                lambda: tr.epoch(Packed(t, _four_per_micro_batch())),
+                lambda: tr.epoch(Packed(t, _four_per_micro_batch(shape))),
                 ValueError,
                 "sequences=",
             ),
             (
                 "a micro-batch that does not divide the window",
-                lambda: Packed(t, docs).sequences_needed(100),
+                lambda: Packed(t, docs).sequences_needed(odd),
                 ValueError,
                 "n_ubatch",
             ),
@@ -191,7 +213,7 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
             ("not a dataset", lambda: tr.epoch(support.hostile(t)), TypeError, "dataset must be"),
             (
                 "a window wider than the context",
-                lambda: tr.epoch(Token(np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32))),
+                lambda: tr.epoch(Token(np.zeros((1, 2 * window), np.int32), np.zeros((1, 2 * window), np.int32))),
                 ValueError,
                 "n_ctx",
             ),
@@ -233,19 +255,19 @@ def _bad_details(n_vocab: int, tr: retro.Trainer) -> list[tuple[str, str, Callab
                 TypeError,
                 "optimizer",
             ),
-            ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model)), ValueError, "closed"),
+            ("a trainer on a closed context", lambda: retro.Trainer(_closed(ctx.model, shape)), ValueError, "closed"),
         ],
     }
     return [(source, *detail) for source, details in by_input.items() for detail in details]
 
 
-def _closed(model: retro.Model) -> retro.Context:
-    with support.context(model) as ctx:
+def _closed(model: retro.Model, shape: Shape) -> retro.Context:
+    with support.context(model, shape) as ctx:
         return ctx
 
 
-def _k_wide(k: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros((1, 256, k), np.int32), np.ones((1, 256, k), np.float32)
+def _k_wide(shape: Shape, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((1, shape.window, k), np.int32), np.ones((1, shape.window, k), np.float32)
 
 
 def _with_padding(docs: np.ndarray, at: int, n: int) -> np.ndarray:
@@ -255,10 +277,9 @@ def _with_padding(docs: np.ndarray, at: int, n: int) -> np.ndarray:
     return out
 
 
-def _four_per_micro_batch() -> np.ndarray:
-    """Sixteen documents of 16 tokens: four in every micro-batch of 64, which a context of one
-    sequence cannot train."""
-    return np.repeat(np.arange(16, dtype=np.int32), 16)[None]
+def _four_per_micro_batch(shape: Shape) -> np.ndarray:
+    """Four documents in every micro-batch of a window, which a context of one sequence cannot train."""
+    return np.repeat(np.arange(4 * shape.parts, dtype=np.int32), shape.micro_batch // 4)[None]
 
 
 def _pack_weighted(weights: list[float]):
@@ -266,8 +287,9 @@ def _pack_weighted(weights: list[float]):
 
 
 @pytest.mark.clause("SHAPE-01")
+@pytest.mark.shapes("tiny", "realistic")
 @pytest.mark.drives("input=token", "input=weighted", "input=top-k", "input=packed", "input=schedule")
-def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, seed):
+def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, seed, shape: Shape):
     """Property: for any epoch call with one bad detail (an id out of range in any window, a
     width that does not divide into micro-batches, a bad split, a wrong dtype), a typed error is
     raised and the parameters, AdamW moments, cursor and accumulation position are unchanged.
@@ -276,16 +298,16 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
     computed or changed."""
     with (
         support.load(backend, model_path) as model,
-        support.context(model, n_ubatch=64) as ctx,
+        support.context(model, shape, n_ubatch=shape.micro_batch) as ctx,
         retro.Trainer(ctx, optimizer=retro.AdamW(lr=1e-3), accumulation=2) as tr,
     ):
-        tr.epoch(support.windows(1, 256, model.n_vocab, seed + 30))
+        tr.epoch(support.windows(1, shape.window, model.n_vocab, seed + 30))
         before = _state(model, tr)
 
         @settings(
             max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
         )
-        @given(call=bad_epochs(model.n_vocab))
+        @given(call=bad_epochs(model.n_vocab, shape))
         def check(call: dict) -> None:
             fi.reset()
             err = raised(lambda: tr.epoch(call["dataset"](), **{k: v for k, v in call.items() if k != "dataset"}))
@@ -296,7 +318,7 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
             expect("SHAPE-01", _state(model, tr) == before, "a rejected call changed the trainer's state")
 
         check()
-        for source, what, call, kind, names in _bad_details(model.n_vocab, tr):
+        for source, what, call, kind, names in _bad_details(model.n_vocab, tr, shape):
             fi.reset()
             err = raised(call)
             expect(
@@ -310,35 +332,41 @@ def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, s
 
 
 @pytest.mark.clause("SHAPE-02")
-def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, model_path, seed, monkeypatch):
+def test_values_past_native_counters_raise_overflow_and_never_wrap(
+    backend, model_path, seed, monkeypatch, shape: Shape
+):
+    window = shape.window
     with support.load(backend, model_path) as model:
         # the CPU thread count's bound (512), named or from RETRO_THREADS: legal at it, refused past it
         monkeypatch.setenv("RETRO_THREADS", "512")
-        with retro.Context(model, n_ctx=256) as at_limit:
+        with retro.Context(model, n_ctx=window) as at_limit:
             expect("SHAPE-02", at_limit.n_threads == 512, f"RETRO_THREADS=512 gave {at_limit.n_threads} threads")
         monkeypatch.setenv("RETRO_THREADS", "513")
-        err = raised(lambda: retro.Context(model, n_ctx=256))
+        err = raised(lambda: retro.Context(model, n_ctx=window))
         expect("SHAPE-02", type(err) is OverflowError, f"RETRO_THREADS=513: raised {err!r}, expected OverflowError")
         monkeypatch.undo()
         past = [
             ("n_ctx", lambda: retro.Context(model, n_ctx=2**31 + 256)),
-            ("n_batch", lambda: retro.Context(model, n_ctx=256, n_batch=2**32 + 256)),
-            ("n_ubatch", lambda: retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=2**32 + 64)),
+            ("n_batch", lambda: retro.Context(model, n_ctx=window, n_batch=2**32 + 256)),
+            ("n_ubatch", lambda: retro.Context(model, n_ctx=window, n_batch=window, n_ubatch=2**32 + 64)),
             ("n_threads", lambda: retro.Context(model, n_threads=2**32 + 1)),
-            ("n_threads = 513", lambda: retro.Context(model, n_ctx=256, n_threads=513)),
+            ("n_threads = 513", lambda: retro.Context(model, n_ctx=window, n_threads=513)),
             ("gpu_layers", lambda: retro.Model.load(model_path, devices=[], gpu_layers=INT64_MAX)),
             ("window width", lambda: retro.TokenDataset.from_tokens(np.arange(10), width=2**32 + 4)),
             ("token id", lambda: retro.TokenDataset.from_tokens(np.full(10, 2**32 + 5, np.int64), width=4)),
             # exactly one past the limits
             ("n_ctx = INT32_MAX + 1", lambda: retro.Context(model, n_ctx=INT32_MAX + 1)),
-            ("n_ubatch = INT32_MAX + 1", lambda: retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=INT32_MAX + 1)),
+            (
+                "n_ubatch = INT32_MAX + 1",
+                lambda: retro.Context(model, n_ctx=window, n_batch=window, n_ubatch=INT32_MAX + 1),
+            ),
             (
                 "token id = INT32_MAX + 1",
                 lambda: retro.TokenDataset.from_tokens(np.full(10, INT32_MAX + 1, np.int64), width=4),
             ),
             ("gpu_layers = INT32_MAX + 1", lambda: retro.Model.load(model_path, devices=[], gpu_layers=INT32_MAX + 1)),
         ]
-        with support.context(model, n_ubatch=64) as ctx:
+        with support.context(model, shape, n_ubatch=shape.micro_batch) as ctx:
             past += [
                 ("decode token id", lambda: ctx.decode(np.array([2**32 + 5], dtype=np.int64))),
                 ("schedule horizon", lambda: retro.Trainer(ctx, schedule=lambda s, h: 1e-3, horizon=INT64_MAX + 1)),
@@ -365,28 +393,30 @@ def test_values_past_native_counters_raise_overflow_and_never_wrap(backend, mode
                     expect("SHAPE-02", not written, f"iteration {iteration}: refused after writing {written[:3]}")
             # at the limit the bound holds without wrapping: INT32_MAX micro-batches per step is legal
             with retro.Trainer(ctx, optimizer=retro.SGD(lr=0.01), accumulation=INT32_MAX) as tr:
-                m = tr.epoch(support.windows(1, 256, model.n_vocab, seed + 31))
-                expect("SHAPE-02", (m.optimizer_steps, tr.period_position) == (0, 4), f"at INT32_MAX: {m}")
-        _check_token_counts(model)
+                m = tr.epoch(support.windows(1, window, model.n_vocab, seed + 31))
+                expect("SHAPE-02", (m.optimizer_steps, tr.period_position) == (0, shape.parts), f"at INT32_MAX: {m}")
+        _check_token_counts(model, shape)
 
 
-def _check_token_counts(model: retro.Model) -> None:
+def _check_token_counts(model: retro.Model, shape: Shape) -> None:
     """The token counts a decode or a generation hands to llama.cpp (its batch, the positions it
     fills, the tokens it may generate and draft) are bounded by the context before anything
     native: each bound met alone is a typed error naming it, and the sequences are left as they
     were. At the bound itself the call runs: a decode, and a generation after a decode, each
     filling the context exactly."""
-    with support.context(model, n_ctx=256) as ctx, support.context(model, n_ctx=256) as other:
+    window = shape.window  # each context's n_ctx and n_batch
+    with support.context(model, shape) as ctx, support.context(model, shape) as other:
         ctx.decode(np.arange(8, dtype=np.int32))
         tokens = np.arange(4, dtype=np.int32)
+        room = window - 8  # the positions left after the 8 decoded
         bounded = [
             ("a decode of no tokens", lambda: ctx.decode(tokens[:0]), ValueError, "empty"),
-            ("a decode past n_batch", lambda: ctx.decode(np.zeros(257, np.int32)), ValueError, "n_batch"),
-            ("a decode past n_ctx", lambda: ctx.decode(np.zeros(249, np.int32)), ValueError, "n_ctx"),
+            ("a decode past n_batch", lambda: ctx.decode(np.zeros(window + 1, np.int32)), ValueError, "n_batch"),
+            ("a decode past n_ctx", lambda: ctx.decode(np.zeros(room + 1, np.int32)), ValueError, "n_ctx"),
             ("a prompt of no tokens", lambda: ctx.generate(tokens[:0], 4), ValueError, "empty"),
             ("no token to generate", lambda: ctx.generate(tokens, 0), ValueError, "max_new"),
-            ("more tokens to generate than n_ctx", lambda: ctx.generate(tokens, 257), OverflowError, "max_new"),
-            ("a generation past n_ctx", lambda: ctx.generate(tokens, 245), ValueError, "n_ctx"),
+            ("more tokens to generate than n_ctx", lambda: ctx.generate(tokens, window + 1), OverflowError, "max_new"),
+            ("a generation past n_ctx", lambda: ctx.generate(tokens, room - tokens.size + 1), ValueError, "n_ctx"),
             ("no token to draft", lambda: other.generate(tokens, 4, draft=ctx, n_draft=0), ValueError, "n_draft"),
             (
                 "more drafted tokens than 64",
@@ -398,7 +428,12 @@ def _check_token_counts(model: retro.Model) -> None:
             ("a draft on a used sequence", lambda: other.generate(tokens, 4, draft=ctx), ValueError, "empty sequences"),
             # a count is an int: never a float or a bool taken for one, nor a cast of text
             ("tokens of two dimensions", lambda: ctx.decode(np.zeros((2, 2), np.int32)), ValueError, "1-D"),
-            ("n_ubatch past n_batch", lambda: retro.Context(model, n_batch=128, n_ubatch=256), ValueError, "n_ubatch"),
+            (
+                "n_ubatch past n_batch",
+                lambda: retro.Context(model, n_batch=window // 2, n_ubatch=window),
+                ValueError,
+                "n_ubatch",
+            ),
             # each count of a context alone, named in its error
             ("n_ctx of 0", lambda: retro.Context(model, n_ctx=0), ValueError, "n_ctx"),
             ("n_batch of 0", lambda: retro.Context(model, n_batch=0), ValueError, "n_batch"),
@@ -406,7 +441,12 @@ def _check_token_counts(model: retro.Model) -> None:
             ("n_ubatch of 0", lambda: retro.Context(model, n_ubatch=0), ValueError, "n_ubatch"),
             ("no sequence", lambda: retro.Context(model, sequences=0), ValueError, "sequences"),
             ("n_threads of 0", lambda: retro.Context(model, n_threads=0), ValueError, "n_threads"),
-            ("n_ctx as a float", lambda: retro.Context(model, n_ctx=support.hostile(256.0)), TypeError, "n_ctx"),
+            (
+                "n_ctx as a float",
+                lambda: retro.Context(model, n_ctx=support.hostile(float(window))),
+                TypeError,
+                "n_ctx",
+            ),
             ("n_ctx as a bool", lambda: retro.Context(model, n_ctx=True), TypeError, "n_ctx"),
             (
                 "a duty cycle as text",
@@ -434,41 +474,48 @@ def _check_token_counts(model: retro.Model) -> None:
             f"a speculative generation on a used target: raised {err!r}",
         )
         other.reset()
-        err = raised(lambda: other.generate(tokens[:1], 252, draft=ctx, n_draft=4))
+        # a prompt of 1, a draft of 4 and window - 4 new tokens: one position past n_ctx
+        err = raised(lambda: other.generate(tokens[:1], window - 4, draft=ctx, n_draft=4))
         expect(
             "SHAPE-02",
             type(err) is ValueError and "fit both contexts" in str(err),
             f"a speculative generation past both contexts: raised {err!r}",
         )
         # each context's own bound: a draft smaller than its target, a target smaller than its
-        # draft (llama.cpp pads n_ctx to 256: 512 against 256); at the bound, the generation runs
-        with support.context(model, n_ctx=512) as large:
+        # draft (llama.cpp pads n_ctx to 256: two windows against one); at the bound, the generation runs
+        with support.context(model, shape, n_ctx=2 * window, n_ubatch=window) as large:
             for target, draft, which in ((large, other, "draft"), (other, large, "target")):
-                err = raised(lambda: target.generate(tokens[:1], 252, draft=draft, n_draft=4))
+                err = raised(lambda: target.generate(tokens[:1], window - 4, draft=draft, n_draft=4))
                 expect(
                     "SHAPE-02",
                     type(err) is ValueError and "fit both contexts" in str(err),
-                    f"a speculative generation past its {which}'s n_ctx of 256: raised {err!r}",
+                    f"a speculative generation past its {which}'s n_ctx of {window}: raised {err!r}",
                 )
                 try:
-                    made = len(target.generate(tokens[:1], 251, draft=draft, n_draft=4, stop_at_eog=False).tokens)
+                    made = len(
+                        target.generate(tokens[:1], window - 5, draft=draft, n_draft=4, stop_at_eog=False).tokens
+                    )
                 except ValueError as refusal:
                     made, why = 0, f"was refused: {refusal}"
                 else:
                     why = f"made {made} tokens"
-                expect("SHAPE-02", made == 251, f"a speculative generation filling its {which}'s n_ctx {why}")
+                expect("SHAPE-02", made == window - 5, f"a speculative generation filling its {which}'s n_ctx {why}")
                 target.reset()
                 draft.reset()
-        ctx.decode(np.arange(248, dtype=np.int32))
+        ctx.decode(np.arange(room, dtype=np.int32))
         ctx.decode(np.arange(8, dtype=np.int32))  # the context filled exactly
-        expect("SHAPE-02", ctx.sequence_length == 256, f"a decode to n_ctx left {ctx.sequence_length} positions")
-        # 8 decoded, a prompt of 4 and 244 to generate: 256 positions, the context's own count
+        expect("SHAPE-02", ctx.sequence_length == window, f"a decode to n_ctx left {ctx.sequence_length} positions")
+        # 8 decoded, a prompt of 4 and the rest to generate: n_ctx positions, the context's own count
         ctx.reset()
         ctx.decode(np.arange(8, dtype=np.int32))
         try:
-            made = len(ctx.generate(tokens, 244, stop_at_eog=False).tokens)
+            made = len(ctx.generate(tokens, room - tokens.size, stop_at_eog=False).tokens)
         except ValueError as refusal:  # a refusal of a generation that fits is the violation
             made, why = 0, f"was refused: {refusal}"
         else:
             why = f"made {made} tokens"
-        expect("SHAPE-02", made == 244, f"a generation to n_ctx (8 decoded, a prompt of 4, 244 new) {why}")
+        expect(
+            "SHAPE-02",
+            made == room - tokens.size,
+            f"a generation to n_ctx (8 decoded, a prompt of 4, {room - tokens.size} new) {why}",
+        )

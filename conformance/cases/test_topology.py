@@ -28,6 +28,7 @@ import retro
 import retro.fault_injection as fi
 from retro.conformance import gate, registry, results, support
 from retro.conformance.evidence import bound, expect, measure, on_path
+from retro.conformance.shapes import Shape
 from retro.testing import last_step_forward_nodes, live_allocations, micro_batch, topology_walk, upstream_epoch
 
 
@@ -37,28 +38,28 @@ def _ungated(cache: bool | str) -> contextlib.AbstractContextManager[None]:
     return fi.ungated_topology_cache() if cache == "forced" else contextlib.nullcontext()
 
 
-WIDTH = 256
-
-
-def _data(n_vocab: int, seed: int, windows: int = 4, width: int = WIDTH) -> retro.TokenDataset:
-    return support.windows(windows, width, n_vocab, seed)
+def _data(n_vocab: int, seed: int, shape: Shape, windows: int = 4, width: int | None = None) -> retro.TokenDataset:
+    """Token windows of `width` tokens, the profile's window unless given."""
+    return support.windows(windows, shape.window if width is None else width, n_vocab, seed)
 
 
 #: sequence ids of a context that trains packed windows (one per document of a window, at most)
 SEQUENCES = 4
 
 
-def _packed(n_vocab: int, seed: int, windows: int) -> retro.PackedDataset:
-    """Windows of three documents (100, 100 and 56 tokens): one geometry, so the cache can hit."""
+def _packed(n_vocab: int, seed: int, shape: Shape, windows: int) -> retro.PackedDataset:
+    """Windows of three documents (two of 25/64 of the window each, the third the rest): one
+    geometry, so the cache can hit."""
     rng = np.random.default_rng(seed)
-    docs = [rng.integers(0, n_vocab, size=n) for _ in range(windows) for n in (100, 100, 56)]
-    return retro.PackedDataset.pack(docs, width=WIDTH)
+    long = shape.window * 25 // 64
+    docs = [rng.integers(0, n_vocab, size=n) for _ in range(windows) for n in (long, long, shape.window - 2 * long)]
+    return retro.PackedDataset.pack(docs, width=shape.window)
 
 
-def _top_k(n_vocab: int, seed: int, k: int, windows: int = 2) -> retro.TopKDataset:
+def _top_k(n_vocab: int, seed: int, shape: Shape, k: int, windows: int = 2) -> retro.TopKDataset:
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, n_vocab, size=(windows, WIDTH), dtype=np.int32)
-    ids = rng.integers(0, n_vocab, size=(windows, WIDTH, k), dtype=np.int32)
+    tokens = rng.integers(0, n_vocab, size=(windows, shape.window), dtype=np.int32)
+    ids = rng.integers(0, n_vocab, size=(windows, shape.window, k), dtype=np.int32)
     return retro.TopKDataset(tokens, ids, np.full(ids.shape, 1.0 / k, np.float32))
 
 
@@ -88,11 +89,12 @@ class _Run:
 def _run(
     backend,
     model_path,
+    shape: Shape,
     cache: bool | str,
     steps,
     *,
-    n_ctx=WIDTH,
-    n_ubatch=WIDTH,
+    n_ctx: int | None = None,
+    n_ubatch: int | None = None,
     head="dense",
     accumulation=1,
     opt=None,
@@ -102,11 +104,13 @@ def _run(
     """`steps(trainer, context, run)` drives the trainer; every micro-batch of its epochs records
     the fork's observations. `held_after_each_step` names a clause that asserts, after each step
     and before the next one runs, that the one entry is held and ran in the allocations its misses
-    made (a broken entry may abort the interpreter a few steps later)."""
+    made (a broken entry may abort the interpreter a few steps later). The context's n_ctx and
+    n_ubatch are each the profile's window unless given."""
     run = _Run()
+    n_ubatch = shape.window if n_ubatch is None else n_ubatch
     with (
         support.load(backend, model_path) as model,
-        support.context(model, n_ctx=n_ctx, n_ubatch=n_ubatch, sequences=sequences) as ctx,
+        support.context(model, shape, n_ctx=n_ctx, n_ubatch=n_ubatch, sequences=sequences) as ctx,
     ):
         with (
             _ungated(cache),
@@ -192,13 +196,15 @@ def _same_as_oracle(clause: str, backend, on: _Run, off: _Run, what: str) -> Non
 
 
 @pytest.mark.clause("TOPO-01")
-def test_by_default_every_step_builds_its_graph_and_keeps_none(backend, model_path, seed):
+def test_by_default_every_step_builds_its_graph_and_keeps_none(backend, model_path, shape, seed):
     """A trainer that did not ask for the cache: the fork reports it off, every micro-batch built
     its forward graph (the fork's step timer), no entry is held after any step, and ggml's live
     contexts stay as many, and buffers step for step those of the first of two like epochs (what
     persists is metadata storage, not a graph per step)."""
     n_vocab = _n_vocab(backend, model_path)
-    run = _run(backend, model_path, False, _epochs([_data(n_vocab, seed), _data(n_vocab, seed + 1)], 0.25))
+    run = _run(
+        backend, model_path, shape, False, _epochs([_data(n_vocab, seed, shape), _data(n_vocab, seed + 1, shape)], 0.25)
+    )
     steps = sum(m.micro_batches for m in run.metrics)
     expect("TOPO-01", not run.stats.enabled, "the cache is on in a trainer that did not ask for it")
     expect(
@@ -217,7 +223,7 @@ def test_by_default_every_step_builds_its_graph_and_keeps_none(backend, model_pa
 
 
 @pytest.mark.clause("TOPO-02")
-def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(backend, model_path, seed):
+def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(backend, model_path, shape, seed):
     """With the cache on, after every micro-batch the fork's walk of the kept graphs finds no
     source that is not their own tensor (a scheduler copy; the graph splits across backends off
     the CPU, where llama.cpp keeps the input layer) and no tensor at a compute address other than
@@ -229,9 +235,9 @@ def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(ba
     the two runs side by side, for the gate: over the second epoch, after one that warms both up
     (the entry is made by the first step; a miss costs a whole rebuild)."""
     n_vocab = _n_vocab(backend, model_path)
-    data = [_data(n_vocab, seed), _data(n_vocab, seed + 1, windows=8)]
-    off = _run(backend, model_path, False, _epochs(data))
-    on = _run(backend, model_path, "forced", _epochs(data))
+    data = [_data(n_vocab, seed, shape), _data(n_vocab, seed + 1, shape, windows=8)]
+    off = _run(backend, model_path, shape, False, _epochs(data))
+    on = _run(backend, model_path, shape, "forced", _epochs(data))
     with bound("TOPO-02"):
         assert on.stats.enabled and on.stats.hits > 0, f"the cache ran no kept graph: {on.stats}"
         assert all(w == (0, 0) for w in on.walks), f"walk of the kept graphs per step (foreign, stale): {on.walks}"
@@ -240,7 +246,7 @@ def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(ba
         assert on.stats.allocations == on.stats.misses, f"hits allocated a clone again: {on.stats}"
     # every step kind runs the optimizer graph's clone: a gradient-only step, the optimizer's, and an
     # evaluation after them hit without allocating (the first step of the run is its one miss)
-    shared = _run(backend, model_path, "forced", _epochs(data, 0.25), n_ubatch=WIDTH // 2, accumulation=2)
+    shared = _run(backend, model_path, shape, "forced", _epochs(data, 0.25), n_ubatch=shape.window // 2, accumulation=2)
     with bound("TOPO-02"):
         assert shared.stats.misses == 1 and shared.stats.hits > 0, f"accumulation 2, evaluation tail: {shared.stats}"
         assert shared.stats.allocations == shared.stats.misses, f"hits allocated a clone again: {shared.stats}"
@@ -273,7 +279,7 @@ def test_the_cache_keeps_an_immutable_topology_and_the_scheduler_gets_a_clone(ba
 @pytest.mark.clause("TOPO-03")
 @pytest.mark.parametrize("head", ["dense", "fused"])
 @pytest.mark.parametrize("kind", ["token", "packed"])
-def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend, model_path, seed, kind, head):
+def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend, model_path, shape, seed, kind, head):
     """Accumulation over three micro-batches alternates the gradient and the optimizer graph, with a
     period running across an evaluation tail that runs the forward graph, all in the optimizer graph's one clone with the nodes
     past their own muted: with the cache on, the losses, accuracies and every parameter after AdamW
@@ -283,12 +289,12 @@ def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend,
     inputs too), on the dense and the fused head."""
     n_vocab = _n_vocab(backend, model_path)
     make = _data if kind == "token" else _packed
-    data = [make(n_vocab, seed, windows=5), make(n_vocab, seed + 2, windows=5)]
-    # a period of 3 over 8 training micro-batches runs across the evaluation tail: an evaluation
-    # that moved it would shift the next epoch's optimizer steps
-    how = {"n_ubatch": 128, "accumulation": 3, "head": head, "sequences": SEQUENCES}
-    off = _run(backend, model_path, False, _epochs(data, 0.2), **how)
-    on = _run(backend, model_path, "forced", _epochs(data, 0.2), **how)
+    data = [make(n_vocab, seed, shape, windows=5), make(n_vocab, seed + 2, shape, windows=5)]
+    # a period of 3 over 8 training micro-batches (two a window) runs across the evaluation tail:
+    # an evaluation that moved it would shift the next epoch's optimizer steps
+    how = {"n_ubatch": shape.window // 2, "accumulation": 3, "head": head, "sequences": SEQUENCES}
+    off = _run(backend, model_path, shape, False, _epochs(data, 0.2), **how)
+    on = _run(backend, model_path, shape, "forced", _epochs(data, 0.2), **how)
     expect("TOPO-03", on.stats.hits > on.stats.misses, f"the steps did not run the kept graphs: {on.stats}")
     expect("TOPO-03", all(w[0] == 0 for w in on.walks), f"scheduler copies in the kept graphs: {on.walks}")
     _same_as_oracle("TOPO-03", backend, on, off, f"{kind} windows, {head} head, accumulation 3 with an evaluation tail")
@@ -305,21 +311,22 @@ def test_every_allocation_remaps_inputs_and_outputs_and_keeps_the_state(backend,
 
 
 @pytest.mark.clause("TOPO-04")
-def test_a_change_of_each_key_part_misses_the_cache(backend, model_path, seed):
+def test_a_change_of_each_key_part_misses_the_cache(backend, model_path, shape, seed):
     """Each key part changed alone misses with that part's reason in the fork's counters, and the
     run equals the cache-off one: the target count (k 4, then 2, on either head), the step kind (an
     evaluation micro-batch, then a training one) and the token geometry (a window over a KV cache
-    whose view grows: 512 tokens in micro-batches of 128). The loss head and the trainable tensors
-    cannot change within a trainer (it keeps both for its life), so they cannot miss there."""
+    whose view grows: two windows' tokens in micro-batches of half a window). The loss head and the
+    trainable tensors cannot change within a trainer (it keeps both for its life), so they cannot
+    miss there."""
     n_vocab = _n_vocab(backend, model_path)
-    targets = [_top_k(n_vocab, seed, 4), _top_k(n_vocab, seed + 1, 2)]
+    targets = [_top_k(n_vocab, seed, shape, 4), _top_k(n_vocab, seed + 1, shape, 2)]
     for head in retro.training.HEADS:  # both heads' inputs are k pairs per token
-        off = _run(backend, model_path, False, _epochs(targets), head=head, opt=retro.SGD(lr=0.5))
-        on = _run(backend, model_path, "forced", _epochs(targets), head=head, opt=retro.SGD(lr=0.5))
+        off = _run(backend, model_path, shape, False, _epochs(targets), head=head, opt=retro.SGD(lr=0.5))
+        on = _run(backend, model_path, shape, "forced", _epochs(targets), head=head, opt=retro.SGD(lr=0.5))
         expect("TOPO-04", on.stats.misses_by["targets"] == 1, f"{head} head, k 4 then 2: {on.stats.misses_by}")
         _same_as_oracle("TOPO-04", backend, on, off, f"{head} head, k 4 then 2")
 
-    window = _data(n_vocab, seed + 3, windows=1)
+    window = _data(n_vocab, seed + 3, shape, windows=1)
     tokens, labels = window.tokens[0], window.labels[0]
 
     def kinds(tr, ctx, run):
@@ -328,36 +335,37 @@ def test_a_change_of_each_key_part_misses_the_cache(backend, model_path, seed):
                 micro_batch(tr, tokens, labels, train=train)
             except retro.RetroError as e:
                 run.errors.append(f"{type(e).__name__}: {e}")
-        run.metrics.append(tr.epoch(_data(n_vocab, seed + 4, windows=1)))
+        run.metrics.append(tr.epoch(_data(n_vocab, seed + 4, shape, windows=1)))
 
-    off = _run(backend, model_path, False, kinds)
-    on = _run(backend, model_path, "forced", kinds)
+    off = _run(backend, model_path, shape, False, kinds)
+    on = _run(backend, model_path, shape, "forced", kinds)
     expect("TOPO-04", not on.errors and not off.errors, f"evaluation then training: {on.errors or off.errors}")
     expect("TOPO-04", on.stats.misses_by["kind"] >= 1, f"evaluation then training: {on.stats.misses_by}")
     _same_as_oracle("TOPO-04", backend, on, off, "evaluation then training")
 
-    grow = [_data(n_vocab, seed + 5, windows=2, width=512)]
-    off = _run(backend, model_path, False, _epochs(grow), n_ctx=512, n_ubatch=128)
-    on = _run(backend, model_path, "forced", _epochs(grow), n_ctx=512, n_ubatch=128)
+    two_windows, half_window = 2 * shape.window, shape.window // 2
+    grow = [_data(n_vocab, seed + 5, shape, windows=2, width=two_windows)]
+    off = _run(backend, model_path, shape, False, _epochs(grow), n_ctx=two_windows, n_ubatch=half_window)
+    on = _run(backend, model_path, shape, "forced", _epochs(grow), n_ctx=two_windows, n_ubatch=half_window)
     expect("TOPO-04", on.stats.misses_by["geometry"] >= 1, f"a growing KV view: {on.stats.misses_by}")
     _same_as_oracle("TOPO-04", backend, on, off, "a growing KV view")
 
 
-def _faults_between_epochs(n_vocab: int, seed: int):
+def _faults_between_epochs(n_vocab: int, seed: int, shape: Shape):
     """Epochs with an event before each: a decode (generation, scoring), a preflight, a checkpoint
     restore (the optimizer state made again), an epoch of upstream's own loop (graphs of its own
     laid out on the scheduler), and a step failing at each before-compute site a
     step that runs the entry reaches (a hit builds nothing, so the build and metadata sites are
     reached only by a miss, which has dropped the entry already; a hit allocates nothing either, at
     any accumulation period: _no_allocation_at_a_hit holds that)."""
-    data = _data(n_vocab, seed, windows=2)
+    data = _data(n_vocab, seed, shape, windows=2)
     sites = ["batch_init", "memory_init", "output_reserve"]
 
     def steps(tr, ctx, run):
         run.metrics.append(tr.epoch(data, progress=run.observe))
 
         def decode() -> None:
-            ctx.decode(data.tokens[0, :16])
+            ctx.decode(data.tokens[0, : shape.micro_batch // 4])  # a short prompt
             ctx.reset()
 
         # (what happens, the reason the fork counts it under, the event)
@@ -380,12 +388,12 @@ def _faults_between_epochs(n_vocab: int, seed: int):
     return steps
 
 
-def _no_allocation_at_a_hit(n_vocab: int, seed: int):
+def _no_allocation_at_a_hit(n_vocab: int, seed: int, shape: Shape):
     """Accumulation 2 with an evaluation tail: the gradient-only, optimizer and evaluation steps all
     run the entry's one clone, so the allocation site, armed for a whole epoch of hits, is never
     reached there (a failure at it could only come from a miss, which has dropped the entry
     already); the entry and the run go on as with the cache off."""
-    data = _data(n_vocab, seed + 6, windows=4)
+    data = _data(n_vocab, seed + 6, shape, windows=4)
 
     def steps(tr, ctx, run):
         run.metrics.append(tr.epoch(data, val_fraction=0.25, progress=run.observe))
@@ -418,27 +426,26 @@ def _fail_once(tr: retro.Trainer, data, site: str) -> int:
 
 
 @pytest.mark.clause("TOPO-05")
-def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backend, model_path, seed):
+def test_decodes_preflights_restores_and_failed_steps_invalidate_the_entry(backend, model_path, shape, seed):
     n_vocab = _n_vocab(backend, model_path)
-    off = _run(backend, model_path, False, _faults_between_epochs(n_vocab, seed))
-    on = _run(backend, model_path, "forced", _faults_between_epochs(n_vocab, seed))
+    off = _run(backend, model_path, shape, False, _faults_between_epochs(n_vocab, seed, shape))
+    on = _run(backend, model_path, shape, "forced", _faults_between_epochs(n_vocab, seed, shape))
     for name, had, has, counted in on.seen:
         expect(
             "TOPO-05", had and not has and counted == 1, f"{name}: entry before {had}, after {has}, counted {counted}"
         )
     _same_as_oracle("TOPO-05", backend, on, off, "events between epochs")
 
-    off = _run(backend, model_path, False, _no_allocation_at_a_hit(n_vocab, seed), n_ubatch=WIDTH // 2, accumulation=2)
-    on = _run(
-        backend, model_path, "forced", _no_allocation_at_a_hit(n_vocab, seed), n_ubatch=WIDTH // 2, accumulation=2
-    )
+    how = {"n_ubatch": shape.window // 2, "accumulation": 2}
+    off = _run(backend, model_path, shape, False, _no_allocation_at_a_hit(n_vocab, seed, shape), **how)
+    on = _run(backend, model_path, shape, "forced", _no_allocation_at_a_hit(n_vocab, seed, shape), **how)
     for name, hits, failed, has in on.seen:
         expect("TOPO-05", hits > 0 and failed == 0 and has, f"{name}: {hits} hits, {failed} failed, entry {has}")
     _same_as_oracle("TOPO-05", backend, on, off, "an epoch of hits with the allocation site armed, accumulation 2")
 
 
 @pytest.mark.clause("TOPO-06")
-def test_the_cache_holds_one_entry(backend, model_path, seed):
+def test_the_cache_holds_one_entry(backend, model_path, shape, seed):
     """Epochs whose target count alternates (k 4, then 2), each with an evaluation tail: every
     epoch's first training step misses and replaces the entry, and its evaluation runs the entry
     the training left. The fork holds one entry after every step (a replacement counts no
@@ -447,8 +454,8 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
     at accumulation 2, every step hits the entry and allocates nothing, so the counts after the
     first period repeat those of the first period."""
     n_vocab = _n_vocab(backend, model_path)
-    alternating = [_top_k(n_vocab, seed + i, 4 if i % 2 == 0 else 2) for i in range(4)]
-    on = _run(backend, model_path, "forced", _epochs(alternating, 0.5), held_after_each_step="TOPO-06")
+    alternating = [_top_k(n_vocab, seed + i, shape, 4 if i % 2 == 0 else 2) for i in range(4)]
+    on = _run(backend, model_path, shape, "forced", _epochs(alternating, 0.5), held_after_each_step="TOPO-06")
     with bound("TOPO-06"):
         assert on.stats.misses_by["targets"] >= 3, f"the target counts did not alternate: {on.stats}"
         assert on.stats.hits >= 4, f"the evaluations did not run the training's entry: {on.stats}"
@@ -458,8 +465,8 @@ def test_the_cache_holds_one_entry(backend, model_path, seed):
         first = set(on.live[:2])
         grown = [(i, lv) for i, lv in enumerate(on.live[2:], start=2) if lv not in first]
         assert not grown, f"live contexts and buffers grew after the first epoch: {grown[:3]} (first {first})"
-    data = [_data(n_vocab, seed + i, windows=2) for i in range(3)]
-    hits = _run(backend, model_path, "forced", _epochs(data), accumulation=2, held_after_each_step="TOPO-06")
+    data = [_data(n_vocab, seed + i, shape, windows=2) for i in range(3)]
+    hits = _run(backend, model_path, shape, "forced", _epochs(data), accumulation=2, held_after_each_step="TOPO-06")
     with bound("TOPO-06"):
         assert hits.stats.hits >= 4 and all(hits.entry), f"training alone did not hit the entry: {hits.stats}"
         period = set(hits.live[:2])  # two micro-batches per epoch, one period
@@ -537,7 +544,7 @@ def _package(
 
 
 @pytest.mark.clause("TOPO-07")
-def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_path, tmp_path):
+def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_path, shape, tmp_path):
     """topology_cache=True with no package, a refusing one or one of another patch series raises the
     typed error naming what is missing (each missing piece of evidence, the gate's own list, and past
     six a count of the rest), before a trainer exists; with a package of this build whose
@@ -551,7 +558,7 @@ def test_switching_the_cache_on_needs_this_builds_passing_gate(backend, model_pa
     unnamed = [_package(tmp_path, backend, unnamed=key) for key in ("retro", "llama_cpp", "patch_series_sha256")]
     # a backend the model does not run on refuses: the model's own backends decide
     beside = _package(tmp_path, backend, other="vulkan" if backend.name == "cuda" else "cuda")
-    with support.load(backend, model_path) as model, support.context(model) as ctx:
+    with support.load(backend, model_path) as model, support.context(model, shape) as ctx:
         refusals = [(None, "needs a results package"), (refusing, "TOPO-05 on"), (foreign, "another build")]
         refusals += [(package, "another build") for package in unnamed]  # a shard that names no build
         for package, why in refusals:

@@ -13,11 +13,11 @@ import retro
 from retro import _native
 from retro.conformance import support
 from retro.conformance.cases._transactions import (
-    SPLIT,
-    TOKENS,
     decode_ok,
+    decode_tokens,
     fails_closed,
     foreign_profile,
+    micro_batches,
     plain_context,
     plain_state,
     rows_of,
@@ -25,6 +25,7 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import Bound, bound, expect, measure, on_path, within
+from retro.conformance.shapes import Shape
 from retro.testing import reference
 from retro.transactions import Profile, ProfileError, Transaction
 
@@ -63,7 +64,8 @@ def refused(node: str, message: str) -> tuple[str, str, str, str, str]:
 
 
 @pytest.mark.clause("TX-ACC-01", "TX-ACC-08")
-def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_path):
+@pytest.mark.shapes("tiny", "realistic")
+def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_path, shape: Shape):
     """The copy of result_output the handler gets, micro-batch by micro-batch, is the complete
     tensor llama.cpp computed: row for row the logits the decode returns, and those are the logits
     of a decode without transactions (a node read before this decode computed it holds what an
@@ -71,39 +73,40 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
     attn_norm-0, is what numpy computes from the model file for these tokens, and selecting it
     leaves the decode's logits as they are without transactions."""
     model, profile = loaded
-    with plain_context(model) as plain:
-        untouched = plain.decode(TOKENS)
+    tokens, split = decode_tokens(shape), micro_batches(shape)
+    with plain_context(model, shape) as plain:
+        untouched = plain.decode(tokens)
     seen: list[np.ndarray] = []
     # the decodes are the clause's observation: one whose data phase met a node before it was
     # computed fails here (its rows are not the batch's, or it was never seen), not elsewhere
-    with tx_context(model, profile, [profile.select("result_output")], lambda t: seen.append(t.data)) as ctx:
-        logits = decode_ok("TX-ACC-01", ctx, TOKENS)
+    with tx_context(model, shape, profile, [profile.select("result_output")], lambda t: seen.append(t.data)) as ctx:
+        logits = decode_ok("TX-ACC-01", ctx, tokens)
     with bound("TX-ACC-08"):  # owned storage, whatever the values: a view of native memory is no copy
         assert all(a.flags.owndata for a in seen), "the handler got a view, not an owned copy"
     # complete, whatever the timing: a mutable copy of attn_norm-0 written back as the handler got it
     # leaves the logits to the bit (an incomplete copy writes its holes back; a copy taken before the
     # node was computed is overwritten by the compute, and is TX-ACC-01's, below)
     zero = steer(np.zeros(model.n_embd, np.float32))
-    with tx_context(model, profile, [profile.select("attn_norm-0", access="mutable-f32")], zero) as ctx:
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0", access="mutable-f32")], zero) as ctx:
         with bound("TX-ACC-08"):
-            round_trip = ctx.decode(TOKENS)
+            round_trip = ctx.decode(tokens)
             support.assert_close(round_trip, untouched, backend, "a mutable copy written back unchanged")
     with bound("TX-ACC-01"):
-        assert len(seen) == len(SPLIT), f"the handler saw {len(seen)} copies for {len(SPLIT)} micro-batches"
+        assert len(seen) == len(split), f"the handler saw {len(seen)} copies for {len(split)} micro-batches"
         # a node read before it was computed holds nothing of this micro-batch: not one row of its
         # copy is the decode's (a copy short of the whole tensor still holds some: TX-ACC-08, below)
-        for (first, rows), copy in zip(SPLIT, seen, strict=True):
+        for (first, rows), copy in zip(split, seen, strict=True):
             mine = logits[first : first + rows]
             assert any(np.array_equal(a, b) for a, b in zip(copy, mine)), "the node was read before it was computed"
         support.assert_close(logits, untouched, backend, "logits with result_output selected vs without transactions")
     norms: list[np.ndarray] = []
-    with tx_context(model, profile, [profile.select("attn_norm-0")], lambda t: norms.append(t.data)) as ctx:
-        logits = decode_ok("TX-ACC-01", ctx, TOKENS)
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0")], lambda t: norms.append(t.data)) as ctx:
+        logits = decode_ok("TX-ACC-01", ctx, tokens)
     with bound("TX-ACC-01"):
         support.assert_close(logits, untouched, backend, "logits with attn_norm-0 selected vs without transactions")
-        assert sum(len(n) for n in norms) == len(TOKENS), f"{[len(n) for n in norms]} rows of attn_norm-0 seen"
+        assert sum(len(n) for n in norms) == len(tokens), f"{[len(n) for n in norms]} rows of attn_norm-0 seen"
     weights = reference.read_weights(model_path)
-    x = weights["token_embd.weight"][TOKENS]
+    x = weights["token_embd.weight"][tokens]
     want = x / np.sqrt((x * x).mean(-1, keepdims=True) + reference.RMS_EPS) * weights["blk.0.attn_norm.weight"]
     off = float(np.max(np.abs(np.concatenate(norms) - want) / np.max(np.abs(want))))
     within(
@@ -114,7 +117,7 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
         "largest error, relative to the largest row value",
     )
     with bound("TX-ACC-08"):
-        for (first, rows), copy in zip(SPLIT, seen, strict=True):
+        for (first, rows), copy in zip(split, seen, strict=True):
             np.testing.assert_array_equal(
                 copy, logits[first : first + rows], err_msg="the copy is not the whole tensor"
             )
@@ -123,9 +126,9 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
     retained = [profile.select("result_norm", retain=True), profile.select("result_output", retain=True)]
     norms = []
     with tx_context(
-        model, profile, retained, lambda t: norms.append(t.data) if t.name == "result_norm" else None
+        model, shape, profile, retained, lambda t: norms.append(t.data) if t.name == "result_norm" else None
     ) as ctx:
-        logits = ctx.decode(TOKENS)
+        logits = ctx.decode(tokens)
         captures = ctx.drain_captures()
     with bound("TX-ACC-08"):
         _, kept_logits = rows_of(captures, "result_output")
@@ -136,16 +139,18 @@ def test_the_handler_sees_the_complete_computed_tensor(backend, loaded, model_pa
 
 
 @pytest.mark.clause("TX-ACC-02")
-def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
+def test_a_selector_names_one_node_exactly(backend, tmp_path, seed, shape: Shape):
     """On an 11-layer model, l_out-1 selects l_out-1 alone (not l_out-10): one copy per
     micro-batch, all of that name. A name that is only a prefix, or that names several nodes
     (Qcur-0), cannot be selected."""
-    path = support.model_file(tmp_path, seed, n_layer=11)
+    # eleven layers, whatever the profile's: l_out-10 exists, and l_out-1 is a prefix of its name
+    path = support.model_file(tmp_path, seed, shape, n_layer=11)
+    m = shape.decode_micro_batch
     with support.load(backend, path, trainable=False) as model:
         profile = Profile.record(model)
         names: list[str] = []
-        with tx_context(model, profile, [profile.select("l_out-1")], lambda t: names.append(t.name)) as ctx:
-            decode_ok("TX-ACC-02", ctx, TOKENS)
+        with tx_context(model, shape, profile, [profile.select("l_out-1")], lambda t: names.append(t.name)) as ctx:
+            decode_ok("TX-ACC-02", ctx, decode_tokens(shape))
             expect("TX-ACC-02", names == ["l_out-1"] * 3, f"the handler saw {names}")
         for name in ("l_out", "l_out-", "Qcur-0"):
             with bound("TX-ACC-02"), pytest.raises(ProfileError):
@@ -155,9 +160,9 @@ def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
         # that name fails closed after decode, named for what it is
         twice = foreign_profile(profile, "norm-0", occurrences=1)
         seen: list[Transaction] = []
-        with tx_context(model, twice, [twice.select("norm-0")], seen.append) as ctx, bound("TX-ACC-02"):
+        with tx_context(model, shape, twice, [twice.select("norm-0")], seen.append) as ctx, bound("TX-ACC-02"):
             with pytest.raises(retro.TensorCallbackError) as err:
-                ctx.decode(TOKENS[:4])
+                ctx.decode(decode_tokens(shape)[:m])
             met = err.value.failure
             assert (met.kind, met.node) == ("layout", "norm-0"), f"failed as {met}"
             assert met.message.startswith("the selected name names more than one node"), met.message
@@ -165,61 +170,72 @@ def test_a_selector_names_one_node_exactly(backend, tmp_path, seed):
         # the data phase's own check, given another node's metadata: refused, both names reported
         spec = profile.select("l_out-1")._spec()
         with bound("TX-ACC-02"):
-            failure = _native.tx_verify("l_out-10", 0, (model.n_embd, 4, 1, 1), True, spec, 4)
+            failure = _native.tx_verify("l_out-10", 0, (model.n_embd, m, 1, 1), True, spec, m)
             assert failure == refused("l_out-10", "the node is not the selected node 'l_out-1'"), failure
 
 
 @pytest.mark.clause("TX-ACC-03")
-def test_the_element_type_is_exact(backend, loaded):
+def test_the_element_type_is_exact(backend, loaded, shape: Shape):
     """A profile that records l_out-0 as i32 (same element size as its real f32): the data phase
     refuses the node after decode, nothing reinterpreted; f16 against f32 is refused as well."""
     model, profile = loaded
     foreign = foreign_profile(profile, "l_out-0", dtype="i32")
     calls: list = []
-    with tx_context(model, foreign, [foreign.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-03"):
-        assert fails_closed(ctx, calls) == "element type f32, selected i32"
+    with tx_context(model, shape, foreign, [foreign.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-03"):
+        assert fails_closed(ctx, calls, decode_tokens(shape)) == "element type f32, selected i32"
     spec = profile.select("l_out-0")._spec()
     with bound("TX-ACC-03"):
-        failure = _native.tx_verify("l_out-0", 1, (model.n_embd, 4, 1, 1), True, spec, 4)  # GGML_TYPE_F16
+        m = shape.decode_micro_batch
+        failure = _native.tx_verify("l_out-0", 1, (model.n_embd, m, 1, 1), True, spec, m)  # GGML_TYPE_F16
         assert failure == refused("l_out-0", "element type f16, selected f32"), f"f16: {failure}"
 
 
 @pytest.mark.clause("TX-ACC-04")
-def test_the_layout_is_two_dimensional_contiguous_and_not_empty(backend, loaded):
-    """Qcur-0 (view) is [16, heads, tokens]: with 4 tokens and 4 heads its first two dimensions
-    look like 4 rows of 16, and a profile claiming so must still be refused; so must a
-    non-contiguous and an empty node (the data phase's checks given that metadata)."""
+def test_the_layout_is_two_dimensional_contiguous_and_not_empty(backend, loaded, shape: Shape):
+    """Qcur-0 (view) is [head size, heads, tokens]: in a micro-batch of as many tokens as heads its
+    first two dimensions look like a row per token, and a profile claiming so must still be refused;
+    so must a non-contiguous and an empty node (the data phase's checks given that metadata)."""
     model, profile = loaded
+    heads = shape.spec.n_head
     node = profile.nodes["Qcur-0 (view)"]
     foreign = foreign_profile(profile, node.name, shape=(node.shape[0], 3, 1, 1), rows="tokens")
     calls: list = []
     not_2d = "not a two-dimensional, non-empty, contiguous tensor [{}, {}, {}, {}]"
-    with tx_context(model, foreign, [foreign.select(node.name)], calls.append) as ctx, bound("TX-ACC-04"):
-        assert fails_closed(ctx, calls, TOKENS[:4]) == not_2d.format(node.shape[0], node.shape[1], 4, 1)
+    one = list(range(3, 3 + heads))  # as many tokens as heads, decoded in one micro-batch
+    with (
+        tx_context(model, shape, foreign, [foreign.select(node.name)], calls.append, n_ubatch=heads) as ctx,
+        bound("TX-ACC-04"),
+    ):
+        assert fails_closed(ctx, calls, one) == not_2d.format(node.shape[0], node.shape[1], heads, 1)
     spec = profile.select("l_out-0")._spec()
-    e = model.n_embd
-    for ne, contiguous, rows in (((e, 4, 1, 1), False, 4), ((e, 0, 1, 1), True, 1), ((e, 2, 3, 1), True, 2)):
+    e, m = model.n_embd, shape.decode_micro_batch
+    for ne, contiguous, rows in (((e, m, 1, 1), False, m), ((e, 0, 1, 1), True, 1), ((e, 2, 3, 1), True, 2)):
         with bound("TX-ACC-04"):
             failure = _native.tx_verify("l_out-0", 0, ne, contiguous, spec, rows)
             assert failure == refused("l_out-0", not_2d.format(*ne)), f"{ne} (contiguous {contiguous}): {failure}"
 
 
 @pytest.mark.clause("TX-ACC-05")
-def test_row_width_is_exact_and_the_row_bound_inclusive(backend, loaded):
-    """Micro-batches of 4, 4 and 2 rows pass a bound of 4 (inclusive) and fail one of 3; a
-    profile recording another row width fails closed."""
+def test_row_width_is_exact_and_the_row_bound_inclusive(backend, loaded, shape: Shape):
+    """Micro-batches of m, m and m/2 rows (m: the decoding micro-batch) pass a bound of m
+    (inclusive) and fail one of m - 1; a profile recording another row width fails closed."""
     model, profile = loaded
+    tokens, m = decode_tokens(shape), shape.decode_micro_batch
     calls: list = []
-    with tx_context(model, profile, [profile.select("l_out-0", max_rows=4)], calls.append) as ctx:
-        decode_ok("TX-ACC-05", ctx, TOKENS)
-        expect("TX-ACC-05", [t.data.shape[0] for t in calls] == [4, 4, 2], "rows at the bound were refused")
+    with tx_context(model, shape, profile, [profile.select("l_out-0", max_rows=m)], calls.append) as ctx:
+        decode_ok("TX-ACC-05", ctx, tokens)
+        per_micro_batch = [rows for _, rows in micro_batches(shape)]
+        expect("TX-ACC-05", [t.data.shape[0] for t in calls] == per_micro_batch, "rows at the bound were refused")
     calls.clear()
-    with tx_context(model, profile, [profile.select("l_out-0", max_rows=3)], calls.append) as ctx, bound("TX-ACC-05"):
-        assert fails_closed(ctx, calls) == "4 rows, at most 3 selected"
+    with (
+        tx_context(model, shape, profile, [profile.select("l_out-0", max_rows=m - 1)], calls.append) as ctx,
+        bound("TX-ACC-05"),
+    ):
+        assert fails_closed(ctx, calls, tokens) == f"{m} rows, at most {m - 1} selected"
     node = profile.nodes["l_out-0"]
     wider = foreign_profile(profile, "l_out-0", shape=(node.shape[0] * 2, *node.shape[1:]))
-    with tx_context(model, wider, [wider.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-05"):
-        assert fails_closed(ctx, calls) == f"{node.shape[0]} elements per row, selected {node.shape[0] * 2}"
+    with tx_context(model, shape, wider, [wider.select("l_out-0")], calls.append) as ctx, bound("TX-ACC-05"):
+        assert fails_closed(ctx, calls, tokens) == f"{node.shape[0]} elements per row, selected {node.shape[0] * 2}"
 
 
 @pytest.mark.clause("TX-ACC-06")
@@ -245,37 +261,41 @@ def test_element_and_byte_counts_are_overflow_checked(backend):
 
 
 @pytest.mark.clause("TX-ACC-07")
-def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded):
-    """Decoded in micro-batches of 4, 4 and 2, each copy starts at its micro-batch's first
-    logical row and carries its positions, and together they equal one 16-token micro-batch's
-    copy; an output node's rows are the outputs (a generation's prompt: its last token only)."""
+def test_rows_are_the_logical_rows_of_the_submitted_batch(backend, loaded, shape: Shape):
+    """Decoded in three micro-batches (two whole, one half), each copy starts at its micro-batch's
+    first logical row and carries its positions, and together they equal the copy of one
+    micro-batch holding the whole decode; an output node's rows are the outputs (a generation's
+    prompt: its last token only)."""
     model, profile = loaded
+    tokens, m = decode_tokens(shape), shape.decode_micro_batch
     calls: list[Transaction] = []
-    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)], calls.append) as ctx:
-        ctx.decode(TOKENS)
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0", retain=True)], calls.append) as ctx:
+        ctx.decode(tokens)
         positions, split = rows_of(ctx.drain_captures(), "attn_norm-0")
-    expect("TX-ACC-07", [(t.first_row, t.data.shape[0]) for t in calls] == SPLIT, "micro-batch rows")
-    expect("TX-ACC-07", positions.tolist() == list(range(len(TOKENS))), f"positions {positions.tolist()}")
-    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)], n_ubatch=16) as ctx:
-        ctx.decode(TOKENS)
+    expect("TX-ACC-07", [(t.first_row, t.data.shape[0]) for t in calls] == micro_batches(shape), "micro-batch rows")
+    expect("TX-ACC-07", positions.tolist() == list(range(len(tokens))), f"positions {positions.tolist()}")
+    # four micro-batches' room: the whole decode in one
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0", retain=True)], n_ubatch=4 * m) as ctx:
+        ctx.decode(tokens)
         _, whole = rows_of(ctx.drain_captures(), "attn_norm-0")
     with bound("TX-ACC-07"):
         assert split.shape == whole.shape, f"{split.shape} rows split, {whole.shape} whole"
     within("TX-ACC-07", SPLIT_ROWS, "attn_norm-0 rows split vs whole", float(np.max(np.abs(split - whole))))
-    with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
-        ctx.generate(TOKENS[:6], 1)
+    prompt = tokens[: m + m // 2]  # a micro-batch and a half
+    with tx_context(model, shape, profile, [profile.select("result_norm", retain=True)]) as ctx:
+        ctx.generate(prompt, 1)
         positions, _ = rows_of(ctx.drain_captures(), "result_norm")
-    expect("TX-ACC-07", positions.tolist() == [5], f"output rows at {positions.tolist()}")
-    # the data phase's own check, given a node of 3 rows in a micro-batch of 4 tokens
+    expect("TX-ACC-07", positions.tolist() == [len(prompt) - 1], f"output rows at {positions.tolist()}")
+    # the data phase's own check, given a node of one row fewer than its micro-batch's tokens
     spec = profile.select("attn_norm-0")._spec()
-    failure = _native.tx_verify("attn_norm-0", 0, (model.n_embd, 3, 1, 1), True, spec, 4)
-    want = refused("attn_norm-0", "3 rows where the submitted batch has 4 in this micro-batch")
-    expect("TX-ACC-07", failure == want, f"3 rows for 4: {failure}")
+    failure = _native.tx_verify("attn_norm-0", 0, (model.n_embd, m - 1, 1, 1), True, spec, m)
+    want = refused("attn_norm-0", f"{m - 1} rows where the submitted batch has {m} in this micro-batch")
+    expect("TX-ACC-07", failure == want, f"{m - 1} rows for {m}: {failure}")
 
 
 @pytest.mark.clause("TX-ACC-09")
 @pytest.mark.parametrize("value", ["nan", "+inf", "-inf"])
-def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, value):
+def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, value, shape: Shape):
     """Adding a steering vector to result_norm moves every logit by what numpy computes from the
     vector and the output weights, once (v . W^T); a copy with one non-finite value (NaN, +Inf or
     -Inf) in its last row is not written: llama.cpp's sequence state is the untouched decode's.
@@ -284,13 +304,14 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
     difference between the steered and the unsteered logits, in which the backend's own error on
     the output product largely cancels, and is held to three times that error (STEERING)."""
     model, profile = loaded
+    tokens = decode_tokens(shape)
     v = np.random.default_rng(seed).normal(0, 0.5, model.n_embd).astype(np.float32)
     w = model.tensor("output.weight").astype(np.float64)
-    with tx_context(model, profile, [profile.select("result_norm", retain=True)]) as ctx:
-        unsteered = ctx.decode(TOKENS).astype(np.float64)
+    with tx_context(model, shape, profile, [profile.select("result_norm", retain=True)]) as ctx:
+        unsteered = ctx.decode(tokens).astype(np.float64)
         _, norm = rows_of(ctx.drain_captures(), "result_norm")
-    with tx_context(model, profile, [profile.select("result_norm", access="mutable-f32")], steer(v)) as ctx:
-        steered = ctx.decode(TOKENS).astype(np.float64)
+    with tx_context(model, shape, profile, [profile.select("result_norm", access="mutable-f32")], steer(v)) as ctx:
+        steered = ctx.decode(tokens).astype(np.float64)
     backend_error = float(np.abs(unsteered - norm.astype(np.float64) @ w.T).max())
     steering = v.astype(np.float64) @ w.T  # what one write-back of the vector adds to each row
     error = float(np.abs((steered - unsteered) - steering).max())
@@ -304,11 +325,11 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
         "written twice or not at all",
     )
     within("TX-ACC-09", STEERING, f"value={value}: steered minus unsteered logits", error / unit)
-    untouched = plain_state(model, TOKENS)
+    untouched = plain_state(model, shape, tokens)
     sel = [profile.select("attn_norm-0", access="mutable-f32")]
-    with tx_context(model, profile, sel, steer(v, poison_last=float(value))) as ctx:
+    with tx_context(model, shape, profile, sel, steer(v, poison_last=float(value))) as ctx:
         with bound("TX-ACC-09"), pytest.raises(retro.TensorCallbackError):
-            ctx.decode(TOKENS)
+            ctx.decode(tokens)
         failure = ctx.transaction_failure
         expect("TX-ACC-09", failure is not None and failure.kind == "non-finite", f"failed as {failure}")
         expect("TX-ACC-09", ctx.sequence_state() == untouched, f"a copy holding {value} was written back")
@@ -316,18 +337,19 @@ def test_a_mutable_copy_is_written_back_once_when_finite(backend, loaded, seed, 
 
 
 @pytest.mark.clause("TX-ACC-10")
-def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
+def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed, shape: Shape):
     """A handler that edits its copy and then raises, one whose last row holds a NaN, and ones
     that edit and then change their array's shape or element type in place (the same bytes, read
     as another tensor) leave the node as computed: llama.cpp's sequence state equals the
     untouched decode's, and a changed array fails the decode as such."""
     model, profile = loaded
     v = np.full(model.n_embd, 0.25, np.float32)
-    untouched = plain_state(model, TOKENS)
+    tokens = decode_tokens(shape)
+    untouched = plain_state(model, shape, tokens)
     for how in ({"then_raise": True}, {"poison_last": float("nan")}):
         sel = [profile.select("attn_norm-0", access="mutable-f32")]
-        with tx_context(model, profile, sel, steer(v, **how)) as ctx:
-            err = support.raised(lambda ctx=ctx: ctx.decode(TOKENS))
+        with tx_context(model, shape, profile, sel, steer(v, **how)) as ctx:
+            err = support.raised(lambda ctx=ctx: ctx.decode(tokens))
             expect("TX-ACC-10", ctx.sequence_state() == untouched, f"{how}: part of the copy was written back")
             expect("TX-ACC-10", isinstance(err, retro.TensorCallbackError), f"{how}: the decode ended with {err!r}")
     changes = {
@@ -342,8 +364,8 @@ def test_a_failed_transaction_writes_nothing_back(backend, loaded, seed):
             change(t.data)
 
         sel = [profile.select("attn_norm-0", access="mutable-f32")]
-        with tx_context(model, profile, sel, edit_then_change) as ctx:
-            err = support.raised(lambda ctx=ctx: ctx.decode(TOKENS))
+        with tx_context(model, shape, profile, sel, edit_then_change) as ctx:
+            err = support.raised(lambda ctx=ctx: ctx.decode(tokens))
             failure = getattr(err, "failure", None)
             expect(
                 "TX-ACC-10",

@@ -16,7 +16,7 @@ from retro.conformance import support
 from retro.conformance.cases._transactions import (
     DRAFT_NOISE,
     RAISED,
-    TOKENS,
+    decode_tokens,
     foreign_profile,
     plain_context,
     plain_state,
@@ -24,12 +24,13 @@ from retro.conformance.cases._transactions import (
     tx_context,
 )
 from retro.conformance.evidence import bound, expect, on_path, raises_bound
+from retro.conformance.shapes import Shape
 from retro.testing import scheduler_data_phase_entries
 from retro.transactions import Profile, TensorTransactions, Transaction
 
 
 @pytest.mark.clause("TX-FAIL-01")
-def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
+def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded, shape: Shape):
     """Ordinary exceptions, KeyboardInterrupt, SystemExit, a BaseException subclass, one whose
     str() raises and one with a 1 MiB message: each is contained and reported by type, with its
     own text (str(), cut at the bound) for message and a traceback that names the handler; the
@@ -41,9 +42,9 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
         def handler(t: Transaction, raised=raised) -> None:
             raise raised
 
-        with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+        with tx_context(model, shape, profile, [profile.select("l_out-0")], handler) as ctx:
             with bound("TX-FAIL-01"), pytest.raises(retro.TensorCallbackError) as err:
-                ctx.decode(TOKENS)
+                ctx.decode(decode_tokens(shape))
             f = err.value.failure
             expect("TX-FAIL-01", f.type == type_name, f"{type_name} reported as {f.type}")
             expect("TX-FAIL-01", len(f.message) <= 4200, f"{type_name}: a message of {len(f.message)} characters")
@@ -63,7 +64,7 @@ def test_every_exception_becomes_a_bounded_typed_failure(backend, loaded):
 
 @pytest.mark.clause("TX-FAIL-02", "TX-FAIL-03", "TX-FAIL-05")
 @pytest.mark.parametrize("failure", ["handler", "layout"])
-def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded, failure):
+def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, loaded, failure, shape: Shape):
     """A failure in the first of 3 micro-batches, at the first of two selected nodes: the handler
     raises there, or the node's layout fails verification (a profile that records it as i32, as a
     stale one would) before the handler sees it. The handler is never called again, and the
@@ -72,13 +73,14 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
     equals an untouched decode's) and the tokens stay in the cache; and so do a failed
     generation's."""
     model, profile = loaded
-    untouched = plain_state(model, TOKENS)
+    tokens = decode_tokens(shape)
+    untouched = plain_state(model, shape, tokens)
     # the count's control: a decode that never fails enters the data phase once per selected node
     # and micro-batch (two nodes, three micro-batches)
     sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
-    with tx_context(model, profile, sel, raise_at(-1)[0]) as ctx:
+    with tx_context(model, shape, profile, sel, raise_at(-1)[0]) as ctx:
         before = scheduler_data_phase_entries()
-        ctx.decode(TOKENS)
+        ctx.decode(tokens)
         entered = scheduler_data_phase_entries() - before
         expect("TX-FAIL-03", entered == 6, f"an untouched decode entered the data phase {entered} times, not 2 x 3")
     if failure == "layout":
@@ -87,26 +89,26 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
     else:
         handler, calls = raise_at(0)
     sel = [profile.select("attn_norm-0"), profile.select("l_out-1")]
-    with tx_context(model, profile, sel, handler) as ctx:
+    with tx_context(model, shape, profile, sel, handler) as ctx:
         before = scheduler_data_phase_entries()
         with pytest.raises(retro.TensorCallbackError) as err:
-            ctx.decode(TOKENS)
+            ctx.decode(tokens)
         entered = scheduler_data_phase_entries() - before
         expect("TX-FAIL-03", err.value.failure.kind == failure, f"failed as {err.value.failure}")
         called = 1 if failure == "handler" else 0
         expect("TX-FAIL-03", len(calls) == called, f"{failure}: the handler was called {len(calls)} times")
         expect("TX-FAIL-03", entered == 1, f"{failure}: the scheduler entered the data phase {entered} times, not once")
         expect("TX-FAIL-02", ctx.sequence_state() == untouched, "the rest of the graph was not computed")
-        expect("TX-FAIL-05", ctx.sequence_length == len(TOKENS), f"{ctx.sequence_length} positions after the failure")
-        expect("TX-FAIL-05", ctx.n_past == len(TOKENS), f"n_past {ctx.n_past} after the failure")
+        expect("TX-FAIL-05", ctx.sequence_length == len(tokens), f"{ctx.sequence_length} positions after the failure")
+        expect("TX-FAIL-05", ctx.n_past == len(tokens), f"n_past {ctx.n_past} after the failure")
     # a generation that fails in one of its decodes (the prompt's, on a layout; the second
     # generated token's, in its handler) rolls nothing back either: every token it decoded stays,
     # and n_past follows llama.cpp's record of them
     handler, calls = raise_at(-1) if failure == "layout" else raise_at(2)
-    with tx_context(model, profile, [profile.select("attn_norm-0")], handler) as ctx:
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0")], handler) as ctx:
         before = scheduler_data_phase_entries()
         with pytest.raises(retro.TensorCallbackError):
-            ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+            ctx.generate(tokens[:3], 6, stop_at_eog=False)
         entered = scheduler_data_phase_entries() - before
         # one entry per handler call, and the failing node's own on a layout failure
         asked = len(calls) + (failure == "layout")
@@ -126,15 +128,16 @@ def test_after_a_failure_the_graph_runs_to_the_end_without_the_handler(backend, 
 
 
 @pytest.mark.clause("TX-FAIL-04", "TX-FAIL-06")
-def test_the_first_failure_is_reported_and_sticks(backend, loaded):
+def test_the_first_failure_is_reported_and_sticks(backend, loaded, shape: Shape):
     """A decode and a generation whose handler raised report TensorCallbackError describing it;
     every later decode is refused with that first failure, without running or calling the
     handler."""
     model, profile = loaded
+    tokens = decode_tokens(shape)
     handler, calls = raise_at(0, lambda: ValueError("the first failure"))
-    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+    with tx_context(model, shape, profile, [profile.select("l_out-0")], handler) as ctx:
         with bound("TX-FAIL-04"), pytest.raises(retro.DecodeError) as err:
-            ctx.decode(TOKENS)
+            ctx.decode(tokens)
         expect("TX-FAIL-04", isinstance(err.value, retro.TensorCallbackError), f"reported as {err.value!r}")
         expect("TX-FAIL-04", "the first failure" in str(err.value), f"reported as {err.value}")
         for _ in range(2):
@@ -142,11 +145,11 @@ def test_the_first_failure_is_reported_and_sticks(backend, loaded):
                 ctx.decode([1])
             expect("TX-FAIL-06", "the first failure" in str(again.value), f"then {again.value}")
         expect("TX-FAIL-06", len(calls) == 1, f"the handler ran {len(calls)} times")
-        expect("TX-FAIL-06", ctx.sequence_length == len(TOKENS), "a refused decode ran")
+        expect("TX-FAIL-06", ctx.sequence_length == len(tokens), "a refused decode ran")
     handler, calls = raise_at(2, lambda: ValueError("in a generation"))
-    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+    with tx_context(model, shape, profile, [profile.select("l_out-0")], handler) as ctx:
         with bound("TX-FAIL-04"), pytest.raises(retro.DecodeError) as err:
-            ctx.generate(TOKENS[:3], 6, stop_at_eog=False)
+            ctx.generate(tokens[:3], 6, stop_at_eog=False)
         expect("TX-FAIL-04", isinstance(err.value, retro.TensorCallbackError), f"reported as {err.value!r}")
         expect("TX-FAIL-04", "in a generation" in str(err.value), f"reported {err.value}")
         expect("TX-FAIL-06", len(calls) == 3, f"the handler ran {len(calls)} times in the generation")
@@ -155,7 +158,7 @@ def test_the_first_failure_is_reported_and_sticks(backend, loaded):
 @pytest.mark.clause("TX-FAIL-06")
 @pytest.mark.parametrize("failure", ["handler", "layout"])
 @pytest.mark.parametrize("then", ["decode", "generate", "speculative", "reset"])
-def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failure):
+def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failure, shape: Shape):
     """After a decode that failed (its handler raised, or a node's layout failed verification
     before the handler saw it), a later call of each kind is refused with that first failure,
     runs nothing and calls no handler: a decode, a plain generation, a speculative one (the
@@ -169,9 +172,13 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
         handler, calls = raise_at(-1)
     else:
         handler, calls = raise_at(0, lambda: ValueError("the first failure"))
-    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx, plain_context(model) as draft:
+    tokens = decode_tokens(shape)
+    with (
+        tx_context(model, shape, profile, [profile.select("l_out-0")], handler) as ctx,
+        plain_context(model, shape) as draft,
+    ):
         with pytest.raises(retro.TensorCallbackError) as err:
-            ctx.decode(TOKENS)
+            ctx.decode(tokens)
         first = err.value.failure
         seen = ctx.transaction_failure
         expect(
@@ -184,9 +191,9 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
         length = ctx.sequence_length
         with raises_bound("TX-FAIL-06", retro.TensorCallbackError) as again:
             if then in ("decode", "reset"):
-                ctx.decode(TOKENS[:2])
+                ctx.decode(tokens[:2])
             else:
-                ctx.generate(TOKENS[:2], 3, stop_at_eog=False, draft=draft if then == "speculative" else None)
+                ctx.generate(tokens[:2], 3, stop_at_eog=False, draft=draft if then == "speculative" else None)
         refused = again.value.failure
         expect(
             "TX-FAIL-06",
@@ -199,28 +206,29 @@ def test_the_first_failure_refuses_every_later_call(backend, loaded, then, failu
 
 
 @pytest.mark.clause("HARNESS-04")
-def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, tmp_path, seed):
+def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, tmp_path, seed, shape: Shape):
     """A 3-micro-batch decode with two selected nodes, and a speculative generation whose target
     and draft both have handlers: the handler raises at each of their invocations in turn. Every
     time: TensorCallbackError naming that invocation, no further call, the tokens of the failed
     decode kept, and the captures of earlier decodes committed."""
     model, profile = loaded
     sel = [profile.select("attn_norm-0", retain=True, access="mutable-f32"), profile.select("result_norm")]
+    tokens = decode_tokens(shape)
     clean, calls = raise_at(-1)
-    with tx_context(model, profile, sel, clean) as ctx:
-        ctx.decode(TOKENS)
+    with tx_context(model, shape, profile, sel, clean) as ctx:
+        ctx.decode(tokens)
     for k in range(len(calls)):
         handler, seen = raise_at(k, functools.partial(ValueError, f"invocation {k}"))
-        with tx_context(model, profile, sel, handler) as ctx:
+        with tx_context(model, shape, profile, sel, handler) as ctx:
             with bound("HARNESS-04"), pytest.raises(retro.TensorCallbackError) as err:
-                ctx.decode(TOKENS)
+                ctx.decode(tokens)
             expect("HARNESS-04", err.value.failure.message == f"invocation {k}", f"at {k}: {err.value.failure}")
             expect(
-                "HARNESS-04", len(seen) == k + 1 and ctx.sequence_length == len(TOKENS), f"at {k}: {len(seen)} calls"
+                "HARNESS-04", len(seen) == k + 1 and ctx.sequence_length == len(tokens), f"at {k}: {len(seen)} calls"
             )
 
     with support.load(
-        backend, support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE), trainable=False
+        backend, support.model_file(tmp_path, seed, shape, draft_noise=DRAFT_NOISE), trainable=False
     ) as draft_model:
         draft_profile = Profile.record(draft_model)
         log: list[str] = []
@@ -238,9 +246,9 @@ def test_a_handler_exception_at_every_invocation_is_contained(backend, loaded, t
 
             target_tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)], on("target"))
             draft_tx = TensorTransactions(draft_profile, [draft_profile.select("l_out-0")], on("draft"))
-            with plain_context(model, target_tx) as target, plain_context(draft_model, draft_tx) as draft:
+            with plain_context(model, shape, target_tx) as target, plain_context(draft_model, shape, draft_tx) as draft:
                 try:
-                    target.generate(TOKENS[:3], 16, stop_at_eog=False, draft=draft, n_draft=3)
+                    target.generate(tokens[:3], 16, stop_at_eog=False, draft=draft, n_draft=3)
                 except retro.DecodeError as err:
                     return err
             return None

@@ -27,62 +27,65 @@ from retro.conformance import backends, support
 from retro.conformance.cases._transactions import (
     CHILD_SCRIPT,
     DRAFT_NOISE,
-    TOKENS,
+    child_sizes,
     committed_positions,
     decode_ok,
+    decode_tokens,
     plain_context,
     rows_of,
     tx_context,
 )
 from retro.conformance.evidence import bound, expect, on_path, succeeds
+from retro.conformance.shapes import Shape
 from retro.transactions import TensorTransactions, Transaction
 from retro.unsafe import TensorCapture
 
 
 @pytest.mark.clause("TX-OWN-01", "TX-OWN-02")
-def test_llama_calls_back_the_state_the_context_owns(backend, loaded):
+def test_llama_calls_back_the_state_the_context_owns(backend, loaded, shape: Shape):
     """The state is built at its address before the context exists; llama.cpp holds that address
     as its eval-callback user data (read back from llama.cpp); the context owns the state at that
     same address, and what the callback records is what the context reports. The state installed is
     the complete one: its handler is called and its retention limit holds."""
     model, profile = loaded
+    tokens, m = decode_tokens(shape), shape.decode_micro_batch
     tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)])
     before = tx.address
-    with plain_context(model, tx) as ctx:
+    with plain_context(model, shape, tx) as ctx:
         installed = ctx._h.eval_callback_user_data
         expect("TX-OWN-01", installed == before, f"llama.cpp holds {installed:#x}, the state was at {before:#x}")
         owned = ctx._h.transactions_address
         expect("TX-OWN-02", owned == installed, f"the context owns {owned:#x}, llama.cpp calls {installed:#x}")
-        ctx.decode(TOKENS)
+        ctx.decode(tokens)
         positions, _ = rows_of(ctx.drain_captures(), "l_out-0")
-        expect("TX-OWN-02", positions.tolist() == list(range(len(TOKENS))), "the context saw no capture of its decode")
+        expect("TX-OWN-02", positions.tolist() == list(range(len(tokens))), "the context saw no capture of its decode")
         # the parameters' view of the state still names the address the context took it to
         expect(
             "TX-OWN-01", tx.address == installed, f"the parameters name {tx.address:#x}, llama.cpp calls {installed:#x}"
         )
     # the state is complete: the handler it was made with is the one llama.cpp's callback calls,
-    # and the retention limit it was made with holds its decodes (room for one 4-token decode)
+    # and the retention limit it was made with holds its decodes (room for one decode of a micro-batch)
     seen: list[str] = []
-    sel = [profile.select("l_out-0", retain=True, max_rows=4), profile.select("attn_norm-0")]
-    made = TensorTransactions(profile, sel, lambda t: seen.append(t.name), retained_limit=4 * model.n_embd * 4)
-    with plain_context(model, made) as ctx:
-        ctx.decode(TOKENS[:4])
+    sel = [profile.select("l_out-0", retain=True, max_rows=m), profile.select("attn_norm-0")]
+    made = TensorTransactions(profile, sel, lambda t: seen.append(t.name), retained_limit=m * model.n_embd * 4)
+    with plain_context(model, shape, made) as ctx:
+        ctx.decode(tokens[:m])
         expect("TX-OWN-01", "attn_norm-0" in seen, f"the installed state's handler saw {seen}")
         with bound("TX-OWN-01"), pytest.raises(retro.CaptureLimitError):
-            ctx.decode(TOKENS[4:8])  # a second undrained decode: past the limit the state was made with
+            ctx.decode(tokens[m : 2 * m])  # a second undrained decode: past the limit the state was made with
     # a state of borrowed captures alone (no selector of its own) is installed all the same, and
     # llama.cpp's callback writes the caller's array through it
-    out = np.zeros((len(TOKENS), model.n_embd), np.float32)
+    out = np.zeros((len(tokens), model.n_embd), np.float32)
     only = TensorTransactions(profile, [], captures=[TensorCapture.unsafe_borrow(profile.select("attn_norm-0"), out)])
-    with plain_context(model, only) as ctx:
+    with plain_context(model, shape, only) as ctx:
         installed = ctx._h.eval_callback_user_data
         expect("TX-OWN-01", installed == only.address, f"borrowed captures alone: llama.cpp holds {installed:#x}")
-        ctx.decode(TOKENS)
+        ctx.decode(tokens)
     expect("TX-OWN-01", bool(np.any(out != 0)), "borrowed captures alone: the callback never wrote the array")
 
 
 @pytest.mark.clause("TX-OWN-03")
-def test_the_native_context_is_freed_before_the_callback_state(backend, model_path):
+def test_the_native_context_is_freed_before_the_callback_state(backend, model_path, shape: Shape):
     """In a child interpreter under -X dev, llama.cpp's own destructor line (written to stdout as it
     is logged, by the native log mirror) comes before the line the handler's finalizer writes when
     the callback state lets it go, whichever thread drains the log queue: closed, collected as
@@ -98,7 +101,9 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
     for mode in ("close", "gc", "exit", "mid-use", *waits):
         started = time.monotonic()
         run = subprocess.run(
-            _child.python("-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects),
+            _child.python(
+                "-X", "dev", "-c", CHILD_SCRIPT, mode, str(model_path), backend.name, defects, *child_sizes(shape)
+            ),
             capture_output=True,
             text=True,
             timeout=120,
@@ -124,12 +129,13 @@ def test_the_native_context_is_freed_before_the_callback_state(backend, model_pa
 
 
 @pytest.mark.clause("TX-OWN-04")
-def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, loaded):
+def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, loaded, shape: Shape):
     """A second context cannot take the same transactions (and the first is unharmed); the
     handler runs on the decoding thread while the decode is in progress; two threads decoding one
     context are served one after the other, never at once; a handler calling into its own
     context is refused."""
     model, profile = loaded
+    one = decode_tokens(shape)[: shape.decode_micro_batch]  # a decode of one micro-batch: one handler call
     spans: list[tuple[float, float, int]] = []
     inside = threading.local()
 
@@ -140,16 +146,16 @@ def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, l
         spans.append((start, time.monotonic(), threading.get_ident()))
 
     tx = TensorTransactions(profile, [profile.select("l_out-0")], handler)
-    with plain_context(model, tx) as ctx:
+    with plain_context(model, shape, tx) as ctx:
         with bound("TX-OWN-04"), pytest.raises(retro.InvalidStateError):
-            plain_context(model, tx).close()
+            plain_context(model, shape, tx).close()
         expect("TX-OWN-04", tx.taken, "the transactions were released")
 
         def decode_three() -> None:
             inside.decoding = True
             for _ in range(3):
                 ctx.reset()
-                ctx.decode(TOKENS[:4])
+                ctx.decode(one)
             inside.decoding = False
 
         threads = [threading.Thread(target=decode_three) for _ in range(2)]
@@ -165,9 +171,9 @@ def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, l
     def reenter(t: Transaction) -> None:
         own.decode([1])
 
-    with tx_context(model, profile, [profile.select("l_out-0")], reenter) as own:
+    with tx_context(model, shape, profile, [profile.select("l_out-0")], reenter) as own:
         with pytest.raises(retro.TensorCallbackError) as err:
-            own.decode(TOKENS[:4])
+            own.decode(one)
         expect(
             "TX-OWN-04",
             err.value.failure.type == "retro.errors.InvalidStateError",
@@ -180,7 +186,9 @@ def test_a_handler_belongs_to_one_context_and_runs_inside_its_decodes(backend, l
 #: graph taken, one micro-batch already run), a generation in its second decode's handler
 RUNNING = {
     "epoch": "tr.epoch(ds)",
-    "micro_batch": "for _ in range(6): tr._h.micro_batch(ds.tokens[0, :64], ds.labels[0, :64], 0, True)",
+    "micro_batch": (
+        "for _ in range(6): tr._h.micro_batch(ds.tokens[0, :micro_batch], ds.labels[0, :micro_batch], 0, True)"
+    ),
     "upstream_epoch": "retro.testing.upstream_epoch(tr, ds)",
     "generate": "ctx.generate([1, 2, 3], 40, stop_at_eog=False)",
 }
@@ -214,6 +222,7 @@ SERIALIZED_CHILD = textwrap.dedent(
 
     running, path, backend_name, defects, park_s = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
     running_call, concurrent = json.loads(sys.argv[6]), json.loads(sys.argv[7])
+    window, micro_batch = int(sys.argv[8]), int(sys.argv[9])  # the shape profile's
     for defect in filter(None, defects.split(",")):  # the seeded defect the parent runs under
         native.hooks.set_defect(defect, True)
     backend = backends.discover()[backend_name]
@@ -221,8 +230,8 @@ SERIALIZED_CHILD = textwrap.dedent(
     if why := support.not_on(model, backend):  # the backend asked for, not the CPU a missing one falls back to
         sys.exit(f"not on {backend_name}: {why}")
     profile = Profile.record(model)
-    stream = np.random.default_rng(0).integers(0, model.n_vocab, size=4 * 256 + 1)
-    ds = retro.TokenDataset.from_tokens(stream, width=256)
+    stream = np.random.default_rng(0).integers(0, model.n_vocab, size=4 * window + 1)
+    ds = retro.TokenDataset.from_tokens(stream, width=window)
     small = retro.TokenDataset(np.ascontiguousarray(ds.tokens[:1]), np.ascontiguousarray(ds.labels[:1]))
     handled, in_handler = [0], threading.Event()
 
@@ -238,7 +247,8 @@ SERIALIZED_CHILD = textwrap.dedent(
 
     for name, call in concurrent.items():
         print(json.dumps({"starting": name}), flush=True)
-        ctx = retro.Context(model, n_ctx=256, n_batch=256, n_ubatch=256 if running == "upstream_epoch" else 64,
+        n_ubatch = window if running == "upstream_epoch" else micro_batch
+        ctx = retro.Context(model, n_ctx=window, n_batch=window, n_ubatch=n_ubatch,
                             n_threads=1, transactions=TensorTransactions(profile, [profile.select("l_out-0")], handler))
         tr = retro.Trainer(ctx, optimizer=retro.SGD(lr=1e-3))
         fi.reset()
@@ -249,7 +259,7 @@ SERIALIZED_CHILD = textwrap.dedent(
 
         def run():
             try:
-                exec(running_call, {"retro": retro, "tr": tr, "ctx": ctx, "ds": ds})
+                exec(running_call, {"retro": retro, "tr": tr, "ctx": ctx, "ds": ds, "micro_batch": micro_batch})
                 outcome["running"] = "ok"
             except retro.RetroError as e:
                 outcome["running"] = type(e).__name__
@@ -277,14 +287,15 @@ SERIALIZED_CHILD = textwrap.dedent(
 
 
 def _serialized_child(
-    running: str, model_path, backend: str, defects: str, env: dict[str, str]
+    running: str, model_path, shape: Shape, backend: str, defects: str, env: dict[str, str]
 ) -> tuple[int | None, str, str]:
     """The child's exit status (None: it hung, and was killed after CHILD_TIMEOUT_S), its output
     and its error output."""
     args = [running, str(model_path), backend, defects, str(PARK_S), json.dumps(RUNNING[running])]
+    sizes = [str(shape.window), str(shape.micro_batch)]  # the child cannot see the fixture
     try:
         done = subprocess.run(
-            _child.python("-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT)),
+            _child.python("-c", SERIALIZED_CHILD, *args, json.dumps(CONCURRENT), *sizes),
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
@@ -301,7 +312,7 @@ def _serialized_child(
 
 @pytest.mark.clause("TX-OWN-04")
 @pytest.mark.parametrize("running", sorted(RUNNING))
-def test_every_call_waits_for_the_call_running_on_its_context(backend, model_path, running):
+def test_every_call_waits_for_the_call_running_on_its_context(backend, model_path, running, shape: Shape):
     """Every call on a context is serialized, training included: while a call from one thread is
     parked inside its real work (a training call at its second compute, a generation inside its
     second decode), each call a user can make on the context or its trainer, from a second thread,
@@ -316,7 +327,7 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
             # can send the server commands that stop it, and the run's other checks use the shared one
             server = retro.rpc.Server(numerics=backends.rpc_numerics())
             env[backends.RPC_SERVERS_ENV] = stack.enter_context(server).endpoint
-        status, stdout, stderr = _serialized_child(running, model_path, backend.name, defects, env)
+        status, stdout, stderr = _serialized_child(running, model_path, shape, backend.name, defects, env)
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{") and line.endswith("}")]
     pairs = {r["pair"]: r for r in lines if "pair" in r}
     last = next((r["starting"] for r in reversed(lines) if "starting" in r), None)
@@ -350,7 +361,7 @@ def test_every_call_waits_for_the_call_running_on_its_context(backend, model_pat
 
 
 @pytest.mark.clause("TX-OWN-05")
-def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed):
+def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed, shape: Shape):
     """A generation (one decode per token) and a speculative generation (a draft model proposes,
     the target checks in one decode) make their decodes inside one call: each of the target's
     decodes is bracketed, so every position the target's KV cache holds was captured by a
@@ -360,7 +371,7 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
     is the model's tokenization."""
     model, profile = loaded
     sel = [profile.select("attn_norm-0", retain=True)]
-    with tx_context(model, profile, sel) as ctx:
+    with tx_context(model, shape, profile, sel) as ctx:
         # a decode the hooks do not bracket fails the generation: the clause's failure, not the check's
         g = succeeds(
             "TX-OWN-05", "the generation", lambda: ctx.generate(model.tokenize("hello world"), 6, stop_at_eog=False)
@@ -371,13 +382,13 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
         expect("TX-OWN-05", len(covered) == g.decodes, f"{len(covered)} committed decodes of {g.decodes}")
         positions = sorted(p for ps in covered.values() for p in ps)
         expect("TX-OWN-05", positions == list(range(held)), f"captured positions {positions}, cache holds {held}")
-    draft_path = support.model_file(tmp_path, seed, draft_noise=DRAFT_NOISE)
+    draft_path = support.model_file(tmp_path, seed, shape, draft_noise=DRAFT_NOISE)
     with (
         support.load(backend, draft_path, trainable=False) as draft_model,
-        tx_context(draft_model, profile, sel) as draft,
+        tx_context(draft_model, shape, profile, sel) as draft,
     ):
-        with tx_context(model, profile, sel) as ctx:
-            prompt = TOKENS[:3]
+        with tx_context(model, shape, profile, sel) as ctx:
+            prompt = decode_tokens(shape)[:3]
             g = succeeds(
                 "TX-OWN-05",
                 "the speculative generation",
@@ -410,20 +421,21 @@ def test_the_hooks_bracket_every_internal_decode(backend, loaded, tmp_path, seed
             seen = {p for ps in drafting.values() for p in ps}
             missing = sorted(set(range(draft.sequence_length)) - seen)
             expect("TX-OWN-05", not missing, f"draft positions decoded outside a transaction: {missing}")
-        with plain_context(model) as plain:
+        with plain_context(model, shape) as plain:
             expect(
                 "TX-OWN-05",
-                plain.generate(TOKENS[:3], 12, stop_at_eog=False).tokens == g.tokens,
+                plain.generate(prompt, 12, stop_at_eog=False).tokens == g.tokens,
                 "speculative generation gave other tokens than greedy generation",
             )
 
 
 @pytest.mark.clause("TX-OWN-06")
-def test_no_python_object_outlives_its_handler_call(backend, loaded):
+def test_no_python_object_outlives_its_handler_call(backend, loaded, shape: Shape):
     """After a handler raised, neither its exception object, nor anything its frames held, nor
     the error raised to the caller keeps them: all are collectable. The array a handler kept is
     its own: writing to it after the decode changes nothing the context computes."""
     model, profile = loaded
+    tokens, m = decode_tokens(shape), shape.decode_micro_batch
 
     class Boom(Exception):
         pass
@@ -440,9 +452,9 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         refs.extend([weakref.ref(local), weakref.ref(boom)])
         raise boom
 
-    with tx_context(model, profile, [profile.select("l_out-0")], handler) as ctx:
+    with tx_context(model, shape, profile, [profile.select("l_out-0")], handler) as ctx:
         with pytest.raises(retro.TensorCallbackError) as err:
-            ctx.decode(TOKENS)
+            ctx.decode(tokens)
         expect("TX-OWN-06", err.value.__cause__ is None, "the handler's exception is chained to the error")
         del err
     gc.collect()
@@ -454,8 +466,8 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
         kept.append(t.data)
         kept_positions.append(t.positions)
 
-    with tx_context(model, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], keep) as ctx:
-        decode_ok("TX-OWN-06", ctx, TOKENS[:4])  # the handler is given an array of its own, or fails here
+    with tx_context(model, shape, profile, [profile.select("l_out-0", retain=True, access="mutable-f32")], keep) as ctx:
+        decode_ok("TX-OWN-06", ctx, tokens[:m])  # the handler is given an array of its own, or fails here
         with bound("TX-OWN-06"):  # and so is the drain: an array it cannot hand over is the clause's
             try:
                 first = ctx.drain_captures()[0].data.copy()
@@ -463,7 +475,7 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
                 pytest.fail(f"the kept capture could not be drained: {type(exc).__name__}: {exc}")
         kept[0][:] = 1e6  # after the decode returned
         ctx.reset()
-        ctx.decode(TOKENS[:4])
+        ctx.decode(tokens[:m])
         again = ctx.drain_captures()[0].data
         expect("TX-OWN-06", np.array_equal(first, again), "a handler's kept array reached the context afterwards")
         expect("TX-OWN-06", kept[0].base is None and kept[0].flags.owndata, "the handler's array is a view")
@@ -473,5 +485,5 @@ def test_no_python_object_outlives_its_handler_call(backend, loaded):
             kept_positions[0].base is None and kept_positions[0].flags.owndata,
             "the handler's positions are a view of native storage",
         )
-        ctx.decode(TOKENS[4:8])
-        expect("TX-OWN-06", kept_positions[0].tolist() == [0, 1, 2, 3], f"kept positions became {kept_positions[0]}")
+        ctx.decode(tokens[m : 2 * m])
+        expect("TX-OWN-06", kept_positions[0].tolist() == list(range(m)), f"kept positions became {kept_positions[0]}")

@@ -16,19 +16,20 @@ import pytest
 
 from retro import transactions
 from retro.conformance.cases._transactions import (
-    TOKENS,
+    decode_tokens,
     plain_context,
     rows_of,
     tx_context,
 )
 from retro.conformance.evidence import bound, expect
+from retro.conformance.shapes import Shape
 from retro.conformance.support import hostile, raised
 from retro.transactions import Profile, ProfileError, Selector, TensorTransactions
 from retro.unsafe import TensorCapture
 
 
 @pytest.mark.clause("TX-PROF-01")
-def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loaded, tmp_path):
+def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loaded, tmp_path, shape: Shape):
     """Selectors come only from a profile; a profile saved and loaded is accepted for its model;
     one recorded for another pin, architecture or backend is refused before anything native
     changes; and every way a selector, a set of them or a profile file can fail to fit the profile
@@ -37,13 +38,13 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
     what it records and what for."""
     model, profile = loaded
     with bound("TX-PROF-01"), pytest.raises(TypeError):
-        Selector("l_out-0", "f32", 64, 8, "read-only", True, "tokens", profile)
+        Selector("l_out-0", "f32", model.n_embd, 8, "read-only", True, "tokens", profile)
     other = dataclasses.replace(profile)
     with bound("TX-PROF-01"), pytest.raises(ProfileError):
         TensorTransactions(profile, [other.select("l_out-0", retain=True)])
     loaded_back = Profile.load(profile.save(tmp_path / "profile.json"))
-    with tx_context(model, loaded_back, [loaded_back.select("l_out-0", retain=True)]) as ctx:
-        ctx.decode(TOKENS[:4])
+    with tx_context(model, shape, loaded_back, [loaded_back.select("l_out-0", retain=True)]) as ctx:
+        ctx.decode(decode_tokens(shape)[: shape.decode_micro_batch])
     elsewhere = ("Vulkan0",) if profile.backend != ("Vulkan0",) else ("CPU",)
     for field, value in (("pin", "0000000"), ("architecture", "gpt2"), ("backend", elsewhere)):
         # in memory, and saved and loaded back: a file keeps what it was recorded for
@@ -51,7 +52,7 @@ def test_selectors_are_bound_to_a_profile_validated_for_the_model(backend, loade
         for kept in (foreign, Profile.load(foreign.save(tmp_path / f"foreign-{field}.json"))):
             tx = TensorTransactions(kept, [kept.select("l_out-0", retain=True)])
             with bound("TX-PROF-01"), pytest.raises(ProfileError):
-                plain_context(model, tx).close()
+                plain_context(model, shape, tx).close()
             expect("TX-PROF-01", not tx.taken, f"a profile of another {field} reached native state")
     # the profile a user records with the shipped command is the one recorded here
     recorded = tmp_path / "retro-profile.json"
@@ -142,13 +143,15 @@ def _unfitting(model, profile: Profile) -> list[tuple[str, Callable[[], object],
 
 
 @pytest.mark.clause("TX-PROF-03")
-def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
+def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded, shape: Shape):
     """TensorCapture's constructor refuses; TensorCapture.unsafe_borrow writes the node's rows
     into the caller's array, which equals the retained capture of the same node. What it borrows
     is checked before a pointer to it is kept (a selector, read-only and not retained, and an array
     of the node's type, contiguous and writable)."""
     model, profile = loaded
-    out = np.zeros((4, model.n_embd), np.float32)
+    m = shape.decode_micro_batch
+    one = decode_tokens(shape)[:m]  # a decode of one micro-batch: the borrowed array holds its rows
+    out = np.zeros((m, model.n_embd), np.float32)
     with bound("TX-PROF-03"), pytest.raises(TypeError, match="unsafe_borrow"):
         TensorCapture(profile.select("attn_norm-0"), out)
     made: list[TensorCapture] = []
@@ -156,22 +159,22 @@ def test_the_borrowing_capture_is_only_made_unsafely(backend, loaded):
     expect("TX-PROF-03", bool(made), f"the explicitly unsafe constructor made none: {refused!r}")
     (capture,) = made
     tx = TensorTransactions(profile, [profile.select("l_out-0", retain=True)], captures=[capture])
-    with plain_context(model, tx) as ctx:
-        ctx.decode(TOKENS[:4])
-    with tx_context(model, profile, [profile.select("attn_norm-0", retain=True)]) as ctx:
-        ctx.decode(TOKENS[:4])
+    with plain_context(model, shape, tx) as ctx:
+        ctx.decode(one)
+    with tx_context(model, shape, profile, [profile.select("attn_norm-0", retain=True)]) as ctx:
+        ctx.decode(one)
         _, expected = rows_of(ctx.drain_captures(), "attn_norm-0")
     expect("TX-PROF-03", np.array_equal(out, expected), "the borrowed capture did not write the rows")
     # what it borrows is checked before a pointer to it is kept: the selector, and an array the
     # native copy may write into (the node's type, contiguous, writable)
-    frozen = np.zeros((4, model.n_embd), np.float32)
+    frozen = np.zeros((m, model.n_embd), np.float32)
     frozen.flags.writeable = False
     read_only = profile.select("attn_norm-0")
     for what, args, kind in (
         ("a node's name", ("attn_norm-0", out), TypeError),
         ("a retained selector", (profile.select("attn_norm-0", retain=True), out), ValueError),
         ("a float64 array", (read_only, out.astype(np.float64)), TypeError),
-        ("a strided array", (read_only, np.zeros((4, 2 * model.n_embd), np.float32)[:, ::2]), ValueError),
+        ("a strided array", (read_only, np.zeros((m, 2 * model.n_embd), np.float32)[:, ::2]), ValueError),
         ("a read-only array", (read_only, frozen), ValueError),
     ):
         err = raised(lambda: TensorCapture.unsafe_borrow(*args))

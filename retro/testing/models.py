@@ -2,7 +2,9 @@
 
 The tokenizer is a real byte-level BPE ('gpt2' model): 256 byte tokens, merges of byte pairs up
 to the vocabulary size, and BOS/EOS control tokens, so any UTF-8 text round-trips through
-tokenize/detokenize. Everything is derived from the seed: the same spec writes the same bytes.
+tokenize/detokenize. Or it is a published model's, copied from one of the vocabulary files that
+llama.cpp's sources carry for its tokenizer tests (`vocabulary`: installed with the binding, see
+vocabulary_file). Everything is derived from the seed: the same spec writes the same bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class TinyLlamaSpec:
     # a draft model for speculative decoding: the same weights as `seed`'s, with noise of this
     # many standard deviations added to the last layer's FFN output, so that it mostly agrees
     draft_noise: float = 0.0
+    # a published tokenizer instead of the generated BPE: a name of VOCABULARIES (its file is
+    # installed with the binding) or a GGUF file's path; n_vocab must be its size
+    vocabulary: str = ""
 
     def __post_init__(self) -> None:
         if self.n_vocab < 256 + 2 + 1:
@@ -77,11 +82,51 @@ def _vocabulary(spec: TinyLlamaSpec) -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
+#: the published tokenizers of llama.cpp's test vocabularies installed with the binding, by name:
+#: their sizes (LLaMA 2's SentencePiece and LLaMA 3's byte-level BPE)
+VOCABULARIES = {"llama-spm": 32000, "llama-bpe": 128256}
+
+
+def vocabulary_file(name: str) -> Path:
+    """The installed vocabulary file of `name` (VOCABULARIES), or `name` itself when it is a path."""
+    if name not in VOCABULARIES:
+        return Path(name)
+    from retro import _native  # the files are installed beside the extension module
+
+    path = Path(_native.__file__).parent / "vocab" / f"ggml-vocab-{name}.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the binding was installed without its vocabulary files")
+    return path
+
+
+def _published_tokenizer(w: gguf.GGUFWriter, spec: TinyLlamaSpec) -> None:
+    """Copy a published tokenizer's fields (its tokens, scores, types, merges, special tokens)."""
+    fields = gguf.GGUFReader(vocabulary_file(spec.vocabulary)).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    if len(tokens) != spec.n_vocab:
+        raise ValueError(
+            f"vocabulary {spec.vocabulary!r} has {len(tokens)} tokens; the spec says n_vocab {spec.n_vocab}"
+        )
+    w.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
+    if "tokenizer.ggml.pre" in fields:
+        w.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
+    w.add_token_list(tokens)
+    w.add_token_types(fields["tokenizer.ggml.token_type"].contents())
+    if "tokenizer.ggml.scores" in fields:
+        w.add_token_scores(fields["tokenizer.ggml.scores"].contents())
+    if "tokenizer.ggml.merges" in fields:
+        w.add_token_merges(fields["tokenizer.ggml.merges"].contents())
+    w.add_bos_token_id(int(fields["tokenizer.ggml.bos_token_id"].contents()))
+    w.add_eos_token_id(int(fields["tokenizer.ggml.eos_token_id"].contents()))
+    if "tokenizer.ggml.unknown_token_id" in fields:
+        w.add_unk_token_id(int(fields["tokenizer.ggml.unknown_token_id"].contents()))
+    w.add_add_bos_token(False)  # as the generated tokenizer: the checks choose their own tokens
+
+
 def write_tiny_llama(path: str | os.PathLike[str], spec: TinyLlamaSpec | None = None) -> Path:
     """Write a random llama model with a working tokenizer to `path` (f32 weights)."""
     spec = spec or TinyLlamaSpec()
     path = Path(path)
-    tokens, types, merges = _vocabulary(spec)
     rng = np.random.default_rng(spec.seed + 1)
     head_dim = spec.n_embd // spec.n_head
     n_embd_kv = head_dim * spec.n_head_kv
@@ -101,14 +146,18 @@ def write_tiny_llama(path: str | os.PathLike[str], spec: TinyLlamaSpec | None = 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(spec.n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(tokens.index(BOS))
-    w.add_eos_token_id(tokens.index(EOS))
-    w.add_add_bos_token(False)
+    if spec.vocabulary:
+        _published_tokenizer(w, spec)
+    else:
+        tokens, types, merges = _vocabulary(spec)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(tokens.index(BOS))
+        w.add_eos_token_id(tokens.index(EOS))
+        w.add_add_bos_token(False)
 
     w.add_tensor("token_embd.weight", weight(spec.n_vocab, spec.n_embd))
     for i in range(spec.n_layer):
