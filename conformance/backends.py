@@ -25,6 +25,9 @@ RPC_SERVERS_ENV = "RETRO_CONFORMANCE_RPC_SERVERS"
 #: how those servers' CPU computes F32 matrix products (retro.rpc.NUMERICS): "gpu-like" certifies
 #: the RPC backend as a GPU, its bounds those of a GPU's kernels (certify --numerics)
 RPC_NUMERICS_ENV = "RETRO_CONFORMANCE_RPC_NUMERICS"
+#: how long a link to those servers waits for a reply (retro.rpc.set_deadline): the slowest step of
+#: the run's shape profiles (shapes.Shape.step_deadline_s), the binding's default when unset
+RPC_DEADLINE_ENV = "RETRO_CONFORMANCE_RPC_DEADLINE_S"
 
 
 def rpc_numerics() -> str:
@@ -121,9 +124,10 @@ def discover() -> dict[str, Backend]:
 
     built = set(retro.build_info().get("backends", [])) | {"cpu"}
     unreachable = []
+    deadline_s = float(os.environ.get(RPC_DEADLINE_ENV, retro.rpc.DEFAULT_DEADLINE_S))
     for endpoint in filter(None, os.environ.get(RPC_SERVERS_ENV, "").split(",")):
         try:
-            retro.rpc.connect(endpoint)
+            retro.rpc.connect(endpoint, deadline_s=deadline_s)
         except retro.BackendError as err:
             unreachable.append(str(err))
     out = classify(built, [d.__dict__ for d in retro.devices()])

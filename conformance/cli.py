@@ -295,7 +295,11 @@ def certify(args: argparse.Namespace) -> int:
         def env_of(name: str, worker: int) -> dict[str, str]:
             if name != "rpc" or not servers:
                 return {}
-            return {backends_mod.RPC_SERVERS_ENV: servers[worker], backends_mod.RPC_NUMERICS_ENV: args.numerics}
+            return {
+                backends_mod.RPC_SERVERS_ENV: servers[worker],
+                backends_mod.RPC_NUMERICS_ENV: args.numerics,
+                backends_mod.RPC_DEADLINE_ENV: str(max(s.step_deadline_s for s in shapes.parse(args.shape))),
+            }
 
         found = backends_mod.discover_isolated({**os.environ, **env_of("rpc", 0)})
         runnable = []

@@ -28,6 +28,9 @@ class Shape:
     #: micro-batches per decode, so that a capture spans them
     decode_batch: int
     decode_micro_batch: int
+    #: the longest one step or decode may take on a slow machine (two cores, a GPU-like RPC server,
+    #: seeded-defect runs beside it): how long an RPC link of the run waits for a reply
+    step_deadline_s: float = 30.0
     #: why these sizes: which kernels and paths they reach
     purpose: str = ""
     #: the TinyLlamaSpec of the profile's model, its seed aside
@@ -82,6 +85,8 @@ SHAPES: dict[str, Shape] = {
             micro_batch=64,
             decode_batch=512,
             decode_micro_batch=64,
+            # a whole window's AdamW step on a GPU-like server took 30 s on two busy cores
+            step_deadline_s=300.0,
             purpose="the sizes users train at, where kernels take their other paths: LLaMA 2's tokenizer (32,000 "
             "classes for the cross-entropy heads, past every block size of their row kernels), width 2048 with "
             "grouped-query attention (16 heads over 4 KV heads of 128), windows of 512 tokens trained whole and in "
