@@ -163,8 +163,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = keep
     # a case runs at the profiles its check names, the default one when it names none
     for item in items:
-        named = item.get_closest_marker("shapes")
-        unknown = [n for n in (named.args if named else ()) if n not in shapes.SHAPES]
+        unknown = [n for n in _shapes_of(item) if n not in shapes.SHAPES]
         if unknown:
             raise pytest.UsageError(
                 f"{item.nodeid}: names unknown shape profile(s) {unknown}; see conformance/shapes.py"
@@ -209,7 +208,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _shapes_of(item: pytest.Item) -> tuple[str, ...]:
-    named = item.get_closest_marker("shapes")
+    """The profiles a case runs at: its parameter's shapes mark, else its check's, else the default."""
+    callspec = getattr(item, "callspec", None)
+    own = [m for m in (callspec.marks if callspec is not None else ()) if m.name == "shapes"]
+    named = own[-1] if own else item.get_closest_marker("shapes")
     return named.args if named is not None else (shapes.DEFAULT,)
 
 

@@ -13,6 +13,8 @@ from importlib import resources
 
 from retro.devices import BACKENDS
 
+from .shapes import SHAPES
+
 #: the clause-ID grammar, defined once: the registry, the schema (results.schema.json, held to it
 #: by tests/test_conformance_registry.py) and the tests read it from here
 FAMILIES = (
@@ -159,6 +161,10 @@ def defects() -> dict[str, Defect]:
         d = Defect(**{**raw, "backends": tuple(raw.get("backends", ())), "shapes": tuple(raw.get("shapes", ()))})
         if not DEFECT_PATTERN.match(d.id) or d.clause not in clauses():
             raise ValueError(f"mutants.toml: {d.id!r} names no clause of the registry")
+        if set(d.shapes) - set(SHAPES):
+            raise ValueError(
+                f"mutants.toml: {d.id} names unknown shape profile(s) {sorted(set(d.shapes) - set(SHAPES))}"
+            )
         if d.id in out:
             raise ValueError(f"mutants.toml: duplicate defect {d.id}")
         out[d.id] = d

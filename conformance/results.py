@@ -18,6 +18,7 @@ from retro._gate import verify as verify
 
 from . import evidence, gate, html, junit, markdown, registry
 from .outcomes import CASE_CODES, CERTIFIED, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED, SELECTION_PASSED
+from .shapes import check_of
 
 SCHEMA = _gate.SCHEMA
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
@@ -160,11 +161,12 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     unrun = [d for d in defects if not runs[d]]
     if unrun:
         return "not covered", "seeded defect(s) not run: " + ", ".join(unrun)
+    # per check, whatever shape profile each of its cases ran at (shapes.check_of)
     if registry.seeded("HARNESS-07"):  # seeded defect: a check that caught any clause's defect counts as able
-        able = {c["id"] for c in cases if c["defect"] is not None and c["outcome"] == "caught"}
+        able = {check_of(c["id"]) for c in cases if c["defect"] is not None and c["outcome"] == "caught"}
     else:
-        able = {c["id"] for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
-    unable = sorted({c["id"] for c in passed} - able)
+        able = {check_of(c["id"]) for c in citing if c["defect"] in defects and c["outcome"] == "caught"}
+    unable = sorted({check_of(c["id"]) for c in passed} - able)
     if unable:
         return "not covered", f"check(s) that caught no seeded defect of {clause}: " + ", ".join(unable)
     # every path the clause names on this backend ran there, in a passing check that asserted

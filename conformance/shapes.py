@@ -38,6 +38,8 @@ class Shape:
 
     def __post_init__(self) -> None:
         spec = TinyLlamaSpec(**self.model)
+        if spec.n_ctx != self.window:  # upstream's loop (the oracle) trains windows of n_ctx_train
+            raise ValueError(f"shape {self.name}: the model's n_ctx must be the window")
         if self.window % self.micro_batch or self.decode_batch % self.decode_micro_batch:
             raise ValueError(f"shape {self.name}: a window must split into whole micro-batches")
         object.__setattr__(self, "spec", spec)
@@ -79,7 +81,7 @@ SHAPES: dict[str, Shape] = {
                 "n_head": 16,
                 "n_head_kv": 4,
                 "n_ff": 5632,
-                "n_ctx": 4096,
+                "n_ctx": 512,
             },
             window=512,
             micro_batch=64,
@@ -95,6 +97,17 @@ SHAPES: dict[str, Shape] = {
     )
 }
 DEFAULT = "tiny"
+
+
+def check_of(case_id: str) -> str:
+    """A case's check: its id without the shape parameter (test_x[shape=realistic,head=dense] ->
+    test_x[head=dense]). A check shown able to fail at one profile is the same check at another
+    (HARNESS-07's rule is judged per check)."""
+    name, bracket, params = case_id.partition("[")
+    if not bracket:
+        return case_id
+    kept = [p for p in params.rstrip("]").split(",") if not p.startswith("shape=")]
+    return f"{name}[{','.join(kept)}]" if kept else name
 
 
 def parse(selection: str | None) -> list[Shape]:

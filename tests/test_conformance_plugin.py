@@ -222,6 +222,7 @@ def test_a_check_runs_at_the_shape_profiles_it_names_and_records_each(pytester):
         def test_both(backend, shape):
             expect("BASE-01", shape.window % shape.micro_batch == 0)
         @pytest.mark.clause("BASE-01")
+        @pytest.mark.shapes("tiny")
         @pytest.mark.parametrize("part", ["a", pytest.param("b", marks=pytest.mark.shapes("realistic"))])
         def test_param(backend, shape, part):
             expect("BASE-01", True)

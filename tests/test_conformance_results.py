@@ -360,3 +360,17 @@ def test_a_wide_limit_needs_its_own_reason_and_the_rule_fails_without_one(monkey
     assert row["unexplained"] == ["cpu"]  # 100 times the CPU's: its own limit gives no reason
     res = results.aggregate({"start_time": "t"}, {n: AVAILABLE for n in ("cpu", "rpc", "vulkan")}, cs, ["CANCEL-04"])
     assert "vulkan: a GPU's products at TF32: measured 2e-4; NONE, yet wide on cpu |" in markdown.report(res)
+
+
+def test_a_check_shown_able_to_fail_at_one_shape_profile_is_that_check_at_another():
+    """HARNESS-07 is judged per check: a check whose seeded-defect runs caught at the tiny profile
+    and whose intact run also passed at the realistic one (where no defect runs) is able to fail;
+    a check that passed only at the realistic profile and caught nothing anywhere is not."""
+    tiny = [dict(c, id=c["id"] + "[shape=tiny,head=dense]") for c in proven("a", "CANCEL-04")]
+    realistic = case("a[shape=realistic,head=dense]", ["CANCEL-04"], "pass")
+    assert results.clause_status("CANCEL-04", AVAILABLE, [*tiny, realistic])[0] == "pass"
+    alone = case("b[shape=realistic]", ["CANCEL-04"], "pass")
+    assert results.clause_status("CANCEL-04", AVAILABLE, [*tiny, realistic, alone]) == (
+        "not covered",
+        "check(s) that caught no seeded defect of CANCEL-04: b",
+    )
