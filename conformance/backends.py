@@ -48,6 +48,14 @@ REPEATABLE = {
 }
 
 
+#: backends whose kernels are compiled before they are used (the warm-up, warm_up.py, would compile
+#: nothing there), with why
+PRECOMPILED = {
+    "cpu": "ggml's CPU kernels are compiled with the library",
+    "rpc": "the server is ggml's CPU backend: its kernels are the CPU's, compiled with it",
+}
+
+
 def repeatable(name: str) -> bool:
     """Whether two runs on backend `name` are held to the same bits (REPEATABLE)."""
     return name in REPEATABLE

@@ -311,7 +311,7 @@ def certify(args: argparse.Namespace) -> int:
                 print(f"{name}: not available ({found[name].reason})", flush=True)
         # kernels a device compiles on first use are compiled before any check runs (warm_up.py)
         run["warm_up_s"] = {}
-        for name in (n for n in runnable if n != "cpu"):
+        for name in (n for n in runnable if n not in backends_mod.PRECOMPILED):
             seconds, failure = warm_up.warm(
                 name, tmp / "warm-up" / name, args.shape, _child_env(args, env_of(name, 0)), args.case_timeout
             )

@@ -170,12 +170,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
     unshaped = [i for i in items if "shape" in _params(i) and _params(i)["shape"].name not in _shapes_of(i)]
     # a seeded-defect run at the profiles its defect names (the default one when it names none)
+    # (a check that takes no profile is one whose sizes do not matter: the default one's runs)
     unshaped += [
         i
         for i in items
-        if "shape" in _params(i)
-        and (defect := _params(i)["backend"].defect)
-        and _params(i)["shape"].name not in (registry.defects()[defect].shapes or (shapes.DEFAULT,))
+        if (defect := _params(i)["backend"].defect if "backend" in _params(i) else None)
+        and (_params(i)["shape"].name if "shape" in _params(i) else shapes.DEFAULT)
+        not in (registry.defects()[defect].shapes or (shapes.DEFAULT,))
         and i not in unshaped
     ]
     if unshaped:

@@ -7,12 +7,14 @@ import os
 import re
 import sys
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
 from retro.devices import BACKENDS
 
+from .shapes import DEFAULT as DEFAULT_SHAPE
 from .shapes import SHAPES
 
 #: the clause-ID grammar, defined once: the registry, the schema (results.schema.json, held to it
@@ -255,9 +257,16 @@ def reviewed_summary(clause: str) -> str:
     )
 
 
-def defects_of(clause: str, backend: str | None = None) -> list[str]:
-    """The seeded defects of a clause (those that can show on `backend`, when given)."""
-    return [d.id for d in defects().values() if d.clause == clause and (backend is None or d.applies_to(backend))]
+def defects_of(clause: str, backend: str | None = None, *, shapes: Collection[str] | None = None) -> list[str]:
+    """The seeded defects of a clause (those that can show on `backend`, and that run at one of
+    the shape profiles `shapes`, when given)."""
+    return [
+        d.id
+        for d in defects().values()
+        if d.clause == clause
+        and (backend is None or d.applies_to(backend))
+        and (shapes is None or not set(d.shapes or (DEFAULT_SHAPE,)).isdisjoint(shapes))
+    ]
 
 
 def check_switches(compiled: list[str]) -> None:

@@ -18,7 +18,8 @@ from retro._gate import verify as verify
 
 from . import evidence, gate, html, junit, markdown, registry
 from .outcomes import CASE_CODES, CERTIFIED, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED, SELECTION_PASSED
-from .shapes import check_of
+from .shapes import DEFAULT as DEFAULT_SHAPE
+from .shapes import check_of, shape_of
 
 SCHEMA = _gate.SCHEMA
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
@@ -122,7 +123,8 @@ def apply_expectations(cases: list[dict], expectations: dict[str, list[Expectati
 def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | None = None) -> tuple[str, str]:
     """(status, why) of one clause on backend `name`. It passes when every intact run of a check
     citing it passed, each of its seeded defects was caught by an assertion bound to it in one of
-    those checks, and each of those checks caught a defect of this clause (HARNESS-07: able to fail
+    those checks (those of its seeded defects that run at a shape profile this backend's cases ran
+    at), and each of those checks caught a defect of this clause (HARNESS-07: able to fail
     is judged per clause, not per check), and every path it names on this backend ran there in a
     passing check that asserted through it. A defect that ran and that no check caught fails the
     clause, named."""
@@ -143,7 +145,10 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
         if all(c["outcome"] == "not supported" for c in intact):
             return "not supported", intact[0]["message"]
         return "not covered", NO_CHECK_RAN
-    defects = registry.defects_of(clause, name)  # those that can show on this backend
+    # those that can show on this backend, at a profile its cases ran at (a package without
+    # profiles in its case ids ran at the default one)
+    ran_at = {s for c in cases if (s := shape_of(c["id"]))} or {DEFAULT_SHAPE}
+    defects = registry.defects_of(clause, name, shapes=ran_at)
     if not defects:
         return "not covered", "no seeded defect shows its checks able to fail"
     runs = {d: [c for c in citing if c["defect"] == d] for d in defects}

@@ -31,6 +31,14 @@ class Shape:
     #: the longest one step or decode may take on a slow machine (two cores, a GPU-like RPC server,
     #: seeded-defect runs beside it): how long an RPC link of the run waits for a reply
     step_deadline_s: float = 30.0
+    #: what the training math is held to (BASE-01's numpy oracle): numpy's whole gradient of every
+    #: weight (autograd), or, where that costs minutes a window, the head's weights' alone in
+    #: closed form (every class of the cross-entropy reaches them)
+    whole_gradient: bool = True
+    #: the numpy oracle's steps: tokens of a window trained in parts (a multiple of micro_batch),
+    #: and windows per step
+    oracle_window: int = 0
+    oracle_period: int = 2
     #: why these sizes: which kernels and paths they reach
     purpose: str = ""
     #: the TinyLlamaSpec of the profile's model, its seed aside
@@ -42,6 +50,8 @@ class Shape:
             raise ValueError(f"shape {self.name}: the model's n_ctx must be the window")
         if self.window % self.micro_batch or self.decode_batch % self.decode_micro_batch:
             raise ValueError(f"shape {self.name}: a window must split into whole micro-batches")
+        if self.oracle_window % self.micro_batch or not 0 < self.oracle_window <= self.window:
+            raise ValueError(f"shape {self.name}: the oracle's windows must be whole micro-batches of a window")
         object.__setattr__(self, "spec", spec)
 
     def __str__(self) -> str:  # the case id's parameter value: shape=<name>
@@ -68,6 +78,7 @@ SHAPES: dict[str, Shape] = {
             micro_batch=64,
             decode_batch=64,
             decode_micro_batch=4,
+            oracle_window=256,
             purpose="a model of vocabulary 512, width 64 and 2 layers that every check can afford on every backend, "
             "many times over (the seeded-defect runs): the contracts' logic at every path",
         ),
@@ -89,6 +100,11 @@ SHAPES: dict[str, Shape] = {
             decode_micro_batch=64,
             # a whole window's AdamW step on a GPU-like server took 30 s on two busy cores
             step_deadline_s=300.0,
+            # numpy's whole gradient of one window took 88 s, the head's (closed form) a second; a
+            # step of one window of two micro-batches costs an eighth of a period of two windows
+            whole_gradient=False,
+            oracle_window=128,
+            oracle_period=1,
             purpose="the sizes users train at, where kernels take their other paths: LLaMA 2's tokenizer (32,000 "
             "classes for the cross-entropy heads, past every block size of their row kernels), width 2048 with "
             "grouped-query attention (16 heads over 4 KV heads of 128), windows of 512 tokens trained whole and in "
@@ -108,6 +124,12 @@ def check_of(case_id: str) -> str:
         return case_id
     kept = [p for p in params.rstrip("]").split(",") if not p.startswith("shape=")]
     return f"{name}[{','.join(kept)}]" if kept else name
+
+
+def shape_of(case_id: str) -> str | None:
+    """The profile a case ran at (its shape parameter), None for a check that takes none."""
+    _, _, params = case_id.partition("[")
+    return next((p.removeprefix("shape=") for p in params.rstrip("]").split(",") if p.startswith("shape=")), None)
 
 
 def parse(selection: str | None) -> list[Shape]:

@@ -63,7 +63,8 @@ def test_each_check_runs_per_backend_and_per_seeded_defect(pytester):
     assert by[("cpu", None)]["clauses"] == ["BASE-01", "HARNESS-05"]
     assert by[("cpu", "HARNESS-05")]["outcome"] == "survived"
     # per backend: the intact run, each defect of BASE-01, the one of HARNESS-05
-    assert len(recs) == 2 * (1 + len(registry.defects_of("BASE-01")) + 1)
+    # (those of the default shape profile: the check takes none)
+    assert len(recs) == 2 * (1 + len(registry.defects_of("BASE-01", shapes=["tiny"])) + 1)
     assert res.ret == pytest.ExitCode.OK
 
 
@@ -209,7 +210,8 @@ def test_a_path_counts_only_when_the_case_records_it_after_its_assertions(pytest
 def test_a_check_runs_at_the_shape_profiles_it_names_and_records_each(pytester):
     """A check taking `shape` runs at the profiles of conformance/shapes.py it names (the default one
     when it names none) that --shape selected, and its passing intact run records the path
-    shape=<name>; a seeded-defect run only at its defect's profiles (the default one here)."""
+    shape=<name>; a seeded-defect run only at its defect's profiles (BASE-01.class-blocks only at
+    the realistic one, the clause's others only at the default one)."""
     pytester.makepyfile(
         test_x="""
         import pytest
@@ -239,8 +241,9 @@ def test_a_check_runs_at_the_shape_profiles_it_names_and_records_each(pytester):
     (pytester.path / "results.jsonl").unlink()  # a new log for the next run
     _, recs = _results(pytester, "--shape=realistic")
     assert {(r["id"], r["defect"]) for r in recs} == {
-        ("test_x.py::test_both[shape=realistic]", None),
-        ("test_x.py::test_param[shape=realistic,part=b]", None),
+        (case, defect)
+        for case in ("test_x.py::test_both[shape=realistic]", "test_x.py::test_param[shape=realistic,part=b]")
+        for defect in (None, "BASE-01.class-blocks")
     }
     (pytester.path / "results.jsonl").unlink()
     res, recs = _results(pytester, "--shape=huge")

@@ -48,7 +48,12 @@ def test_every_clause_has_text_and_a_known_document():
 def test_every_seeded_defect_names_a_clause_and_says_where_it_lives():
     defects = registry.defects()
     assert {"BASE-01", "BASE-01.eval-period", "BASE-02", "BASE-03"} <= set(defects)
-    assert registry.defects_of("BASE-01") == ["BASE-01", "BASE-01.eval-period", "BASE-01.swiglu-back"]
+    tiny = ["BASE-01", "BASE-01.eval-period", "BASE-01.swiglu-back"]
+    assert registry.defects_of("BASE-01") == [*tiny, "BASE-01.class-blocks"]
+    # a defect runs at the shape profiles it names (the default one when it names none)
+    assert registry.defects_of("BASE-01", shapes=["tiny"]) == tiny
+    assert registry.defects_of("BASE-01", "vulkan", shapes=["realistic"]) == []
+    assert registry.defects_of("BASE-01", "rpc", shapes=["tiny", "realistic"]) == registry.defects_of("BASE-01")
     for d in defects.values():
         assert d.where and d.defect and d.clause in registry.clauses()
 

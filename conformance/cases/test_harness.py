@@ -309,7 +309,9 @@ def _status(monkeypatch, clause: str, checks, defects, runs, other: dict[str, st
     cases += [record(k, d, o) for (k, d), o in runs.items()]
     cases += [record(k, "OTHER-01", o) for k, o in other.items()]
     with monkeypatch.context() as m:
-        m.setattr(registry, "defects_of", lambda c, name=None: list(defects) if c == clause else ["OTHER-01"])
+        m.setattr(
+            registry, "defects_of", lambda c, name=None, shapes=None: list(defects) if c == clause else ["OTHER-01"]
+        )
         return results.clause_status(clause, {"status": "available"}, cases, name="cpu")
 
 
