@@ -277,9 +277,12 @@ class Certification:
     partial: frozenset[str] = frozenset()  # "CLAUSE on backend" read partial: passing where implemented
 
 
-def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: str = COVERED) -> Certification:
-    """Certify the clauses (every one by default) against the build in site. A run without its
-    seeded defects stops at its first failure: one is enough to kill a mutant."""
+def certify(
+    site: Path, out: Path, timeout: float, *, defects: bool, clauses: str = COVERED, keyword: str | None = None
+) -> Certification:
+    """Certify the clauses (every one by default) against the build in site, by the checks pytest's
+    -k `keyword` selects when given. A run without its seeded defects stops at its first failure:
+    one is enough to kill a mutant."""
     cmd = [
         sys.executable,
         "-S",
@@ -296,6 +299,8 @@ def certify(site: Path, out: Path, timeout: float, *, defects: bool, clauses: st
         str(timeout),
     ]
     mode = [] if defects else ["--no-defects", "--exitfirst"]
+    if keyword:
+        mode += ["-k", keyword]
     run = sh([*cmd, *mode], env=site_env(site), cwd=out.parent, preexec_fn=_cap_memory)
     results = out / "results.json"
     if not results.exists():
@@ -435,14 +440,18 @@ def pinned(spec: Path, workdir: Path) -> list[Mutant]:
     return mutants
 
 
-def pinned_scope(spec: Path) -> str:
-    """The clauses a pinned run certifies: those its mutants name as having killed them (every
-    clause when one names none). CI's pinned run proves that the runner puts each mutant in place
-    and judges it, not the score: certifying every clause for it would repeat the suite's own run."""
-    named = [entry.get("killed_by") for entry in tomllib.loads(spec.read_text(encoding="utf-8"))["mutant"]]
+def pinned_scope(spec: Path) -> tuple[str, str | None]:
+    """The clauses a pinned run certifies, and the -k selection of their checks: those its mutants
+    name as having killed them (every clause and check when one names none). CI's pinned run proves
+    that the runner puts each mutant in place and judges it, not the score: certifying every clause
+    for it would repeat the suite's own run (as Mull and mutmut run a mutant by the tests that reach it)."""
+    entries = tomllib.loads(spec.read_text(encoding="utf-8"))["mutant"]
+    named = [entry.get("killed_by") for entry in entries]
     if not all(named):
-        return COVERED
-    return ",".join(sorted({c for clauses in named for c in clauses}))
+        return COVERED, None
+    checks = [entry.get("checks") for entry in entries]
+    keyword = " or ".join(sorted({c for cs in checks for c in cs})) if all(checks) else None
+    return ",".join(sorted({c for clauses in named for c in clauses})), keyword
 
 
 def draw(seed: int, then: Path | None, workdir: Path) -> list[Mutant]:
@@ -680,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
             if (site / rel).read_bytes() != (SOURCE / rel).read_bytes():
                 print(f"{rel} is not installed as written: cannot put its mutants in place", file=sys.stderr)
                 return 2
-        judge = Judge(site, work, args.case_timeout, pinned_scope(args.pinned) if args.pinned else COVERED)
+        judge = Judge(site, work, args.case_timeout, *(pinned_scope(args.pinned) if args.pinned else (COVERED, None)))
         intact = judge.intact_baseline()
         if intact.failed and not judge.rerun(intact.failed).failed:
             # a check on a loaded machine failed by chance; the same rule as a mutant's kill
@@ -815,10 +824,12 @@ def digest(mutants: list[Mutant]) -> str:
 class Judge:
     """Puts each mutant in place, certifies it, and puts the sources back."""
 
-    def __init__(self, site: Path, work: Path, timeout: float, scope: str = COVERED) -> None:
-        # the clauses every certification of the run covers (the pinned mutants: the ones that
-        # killed them; a drawn sample: every clause)
-        self.site, self.work, self.timeout, self.scope = site, work, timeout, scope
+    def __init__(
+        self, site: Path, work: Path, timeout: float, scope: str = COVERED, keyword: str | None = None
+    ) -> None:
+        # the clauses every certification of the run covers, and -k's selection of their checks
+        # (the pinned mutants: the ones that killed them; a drawn sample: every clause and check)
+        self.site, self.work, self.timeout, self.scope, self.keyword = site, work, timeout, scope, keyword
         self._intact_baseline: Certification | None = None
         self._defect_baseline: Certification | None = None
         self._runs = 0
@@ -830,7 +841,14 @@ class Judge:
         self._runs += 1
         out = self.work / f"run{self._runs}" / "out"
         out.parent.mkdir()
-        return certify(self.site, out, self.timeout, defects=defects, clauses=",".join(clauses or [self.scope]))
+        return certify(
+            self.site,
+            out,
+            self.timeout,
+            defects=defects,
+            clauses=",".join(clauses or [self.scope]),
+            keyword=self.keyword,
+        )
 
     def intact_baseline(self) -> Certification:
         self._intact_baseline = self._certify(defects=False)
