@@ -179,7 +179,7 @@ def test_a_certification_that_loses_a_pass_kills_the_mutant(tmp_path, monkeypatc
     gone = {**whole, "BASE-01 on rpc": "not available", "FAIL-07 on rpc": "not available"}
     runs: list[dict[str, str]] = []
 
-    def certify(site, out, timeout, *, defects, clauses=run.COVERED):
+    def certify(site, out, timeout, *, defects, clauses=run.COVERED, keyword=None):
         verdicts = runs.pop(0)
         wanted = clauses.split(",")
         return run.Certification(0, [], {k: v for k, v in verdicts.items() if k.split(" on ")[0] in wanted})
