@@ -149,7 +149,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # every selected profile here; pytest_collection_modifyitems keeps those each case names
         # (a check's @pytest.mark.shapes, or one of its parameters' marks)
         at = metafunc.config.stash[_SHAPES]
-        metafunc.parametrize("shape", at, ids=[f"shape={s.name}" for s in at])
+        metafunc.parametrize("shape", at, ids=[f"{shapes.PATH_PREFIX}{s.name}" for s in at])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -285,7 +285,7 @@ def pytest_runtest_call(item: pytest.Item):
             # "not supported", ran none; results.clause_status requires each, per backend)
             shape = item.callspec.params.get("shape") if isinstance(item, pytest.Function) else None
             if shape is not None:  # the whole case ran at its profile
-                ledger.paths.add(f"shape={shape}")
+                ledger.paths.add(f"{shapes.PATH_PREFIX}{shape}")
             meta.asserted, meta.ran = sorted(ledger.asserted), sorted(ledger.paths)
             return result
         try:

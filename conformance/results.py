@@ -19,7 +19,7 @@ from retro._gate import verify as verify
 from . import evidence, gate, html, junit, markdown, registry
 from .outcomes import CASE_CODES, CERTIFIED, NO_CHECK, NO_CHECK_RAN, PARTLY_IMPLEMENTED, SELECTION_PASSED
 from .shapes import DEFAULT as DEFAULT_SHAPE
-from .shapes import check_of, shape_of
+from .shapes import PATH_PREFIX, SHAPES, check_of, shape_of
 
 SCHEMA = _gate.SCHEMA
 BUILD_KEYS = ("retro", "llama_cpp", "patch_series_sha256")  # shards merge only when these agree
@@ -145,9 +145,8 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
         if all(c["outcome"] == "not supported" for c in intact):
             return "not supported", intact[0]["message"]
         return "not covered", NO_CHECK_RAN
-    # those that can show on this backend, at a profile its cases ran at (a package without
-    # profiles in its case ids ran at the default one)
-    ran_at = {s for c in cases if (s := shape_of(c["id"]))} or {DEFAULT_SHAPE}
+    # those that can show on this backend, at a profile its cases ran at
+    ran_at = profiles_run(cases)
     defects = registry.defects_of(clause, name, shapes=ran_at)
     if not defects:
         return "not covered", "no seeded defect shows its checks able to fail"
@@ -175,9 +174,14 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     if unable:
         return "not covered", f"check(s) that caught no seeded defect of {clause}: " + ", ".join(unable)
     # every path the clause names on this backend ran there, in a passing check that asserted
-    # through the clause: a check that returned early or read "not supported" ran none
+    # through the clause: a check that returned early or read "not supported" ran none (a profile
+    # the run did not select is its selection's, as a clause it did not select: see aggregate)
     ran = {p for c in passed if clause in c.get("asserted", ()) for p in c.get("paths", ())}
-    unrun = [p for p in registry.clauses()[clause].paths_on(name) if p not in ran]
+    unrun = [
+        p
+        for p in registry.clauses()[clause].paths_on(name)
+        if p not in ran and not (p.startswith(PATH_PREFIX) and p.removeprefix(PATH_PREFIX) not in ran_at)
+    ]
     if unrun:
         where = f" on {name}" if name else ""
         return "not covered", f"path(s) the clause names that no passing check ran{where}: " + ", ".join(unrun)
@@ -186,6 +190,12 @@ def clause_status(clause: str, backend: dict, cases: list[dict], *, name: str | 
     if missing:
         return "not covered", f"{PARTLY_IMPLEMENTED} ({how}); not implemented: {missing}"
     return "pass", f"{len(passed)} check run(s) passed; defects caught: {how}"
+
+
+def profiles_run(cases: list[dict]) -> set[str]:
+    """The shape profiles one backend's cases ran at (a package whose case ids name none: the
+    default one)."""
+    return {s for c in cases if (s := shape_of(c["id"]))} or {DEFAULT_SHAPE}
 
 
 def aggregate(
@@ -219,11 +229,12 @@ def aggregate(
         else:
             ok = all(clauses[cid][name] == "pass" for cid in chosen)
             # a run that left out checks of its selected clauses (-k) never certifies them, and a
-            # selection of clauses is never a certification, however it went
+            # selection of clauses, or of the shape profiles, is never a certification, however it went
             if not ok or not chosen or partial:
                 verdict[name] = "not certified"
             else:
-                verdict[name] = CERTIFIED if chosen == set(clauses) else SELECTION_PASSED
+                every_profile = profiles_run([c for c in cases if c["backend"] == name]) >= set(SHAPES)
+                verdict[name] = CERTIFIED if chosen == set(clauses) and every_profile else SELECTION_PASSED
     out = {
         "schema": SCHEMA,
         "run": run,

@@ -35,8 +35,9 @@ class Shape:
     #: weight (autograd), or, where that costs minutes a window, the head's weights' alone in
     #: closed form (every class of the cross-entropy reaches them)
     whole_gradient: bool = True
-    #: the numpy oracle's steps: tokens of a window trained in parts (a multiple of micro_batch),
-    #: and windows per step
+    #: the checks held to an oracle token by token (numpy's gradient and loss, the heads' sums):
+    #: tokens of their windows (the window where a step is cheap, else whole micro-batches of one),
+    #: and windows per step of the numpy oracle's
     oracle_window: int = 0
     oracle_period: int = 2
     #: why these sizes: which kernels and paths they reach
@@ -62,10 +63,18 @@ class Shape:
         return dataclasses.replace(self.spec, seed=seed, **overrides)
 
     @property
+    def oracle_micro_batch(self) -> int:
+        """The n_ubatch that trains oracle_window: the whole window, or micro_batch within one."""
+        return self.window if self.oracle_window == self.window else self.micro_batch
+
+    @property
     def parts(self) -> int:
         """Micro-batches per window at `micro_batch`."""
         return self.window // self.micro_batch
 
+
+#: a case's parameter for its profile, and the path its passing intact run records: shape=<name>
+PATH_PREFIX = "shape="
 
 #: the profiles, by name; "tiny" is every check's default
 SHAPES: dict[str, Shape] = {
@@ -122,14 +131,15 @@ def check_of(case_id: str) -> str:
     name, bracket, params = case_id.partition("[")
     if not bracket:
         return case_id
-    kept = [p for p in params.rstrip("]").split(",") if not p.startswith("shape=")]
+    kept = [p for p in params.rstrip("]").split(",") if not p.startswith(PATH_PREFIX)]
     return f"{name}[{','.join(kept)}]" if kept else name
 
 
 def shape_of(case_id: str) -> str | None:
     """The profile a case ran at (its shape parameter), None for a check that takes none."""
     _, _, params = case_id.partition("[")
-    return next((p.removeprefix("shape=") for p in params.rstrip("]").split(",") if p.startswith("shape=")), None)
+    found = (p.removeprefix(PATH_PREFIX) for p in params.rstrip("]").split(",") if p.startswith(PATH_PREFIX))
+    return next(found, None)
 
 
 def parse(selection: str | None) -> list[Shape]:

@@ -111,7 +111,14 @@ def test_every_path_a_clause_names_is_driven_by_a_check_citing_it(tmp_path):
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "pytest", str(cases), "-c", str(cli.INI), "--rootdir", str(cases.parent), "-q"),
-            *("--import-mode=importlib", "-p", "retro.conformance.plugin", "--backend=cpu", "--no-defects"),
+            *(
+                "--import-mode=importlib",
+                "-p",
+                "retro.conformance.plugin",
+                "--backend=cpu",
+                "--no-defects",
+                "--shape=all",
+            ),
             *("--collect-only", f"--paths-report={report}"),
         ],
         cwd=tmp_path,

@@ -374,3 +374,40 @@ def test_a_check_shown_able_to_fail_at_one_shape_profile_is_that_check_at_anothe
         "not covered",
         "check(s) that caught no seeded defect of CANCEL-04: b",
     )
+
+
+def test_a_run_at_some_shape_profiles_is_a_selection_and_a_path_of_another_is_not_asked():
+    """A clause naming the path shape=realistic: a run whose cases ran at the tiny profile only
+    does not ask for it (the profile was not selected) and passes a clause selection; the verdict
+    over every clause is then "selection passed", never certified, as a selection of clauses. A run
+    that also ran at the realistic profile asks for the path: passing there certifies it, a
+    realistic case that never passed leaves it not covered. A seeded defect runs, and is needed,
+    only at the profiles its entry names."""
+    clause = "TX-ACC-08"
+    assert "shape=realistic" in registry.clauses()[clause].paths
+    tiny = "test_t[shape=tiny]"
+    cs = [case(tiny, [clause], "pass", paths=["shape=tiny"])]
+    cs += [case(tiny, [clause], "caught", defect=d) for d in registry.defects_of(clause, shapes=["tiny"])]
+    assert results.clause_status(clause, AVAILABLE, cs, name="cpu")[0] == "pass"
+    realistic = "test_t[shape=realistic]"
+    ran = [*cs, case(realistic, [clause], "pass", paths=["shape=realistic"])]
+    assert results.clause_status(clause, AVAILABLE, ran, name="cpu")[0] == "pass"
+    skipped = [*cs, case(realistic, [clause], "not supported", message="skipped")]
+    status, why = results.clause_status(clause, AVAILABLE, skipped, name="cpu")
+    assert status == "not covered" and "shape=realistic" in why, why
+    # BASE-01.class-blocks names the realistic profile only: needed once a case ran there
+    base = "BASE-01"
+    at_tiny = [case("test_b[shape=tiny]", [base], "pass", paths=[*registry.clauses()[base].paths])]
+    at_tiny += [
+        case("test_b[shape=tiny]", [base], "caught", defect=d) for d in registry.defects_of(base, shapes=["tiny"])
+    ]
+    assert results.clause_status(base, AVAILABLE, at_tiny, name="cpu")[0] == "pass"
+    both = [*at_tiny, case("test_b[shape=realistic]", [base], "pass", paths=["shape=realistic"])]
+    status, why = results.clause_status(base, AVAILABLE, both, name="cpu")
+    assert status == "not covered" and "BASE-01.class-blocks" in why, why
+    # the verdict over every clause: a run at the tiny profile alone is a selection
+    every = [c for cid in registry.clauses() for c in proven(f"test_{cid}[shape=tiny]", cid)]
+    res = results.aggregate({"start_time": "t"}, {"cpu": AVAILABLE}, every, list(registry.clauses()))
+    assert res["verdict"]["cpu"] == outcomes.SELECTION_PASSED, [
+        (cid, s["cpu"], res["clause_details"][cid]["cpu"]) for cid, s in res["clauses"].items() if s["cpu"] != "pass"
+    ]

@@ -287,7 +287,6 @@ def _pack_weighted(weights: list[float]):
 
 
 @pytest.mark.clause("SHAPE-01")
-@pytest.mark.shapes("tiny", "realistic")
 @pytest.mark.drives("input=token", "input=weighted", "input=top-k", "input=packed", "input=schedule")
 def test_bad_inputs_are_rejected_before_any_state_changes(backend, model_path, seed, shape: Shape):
     """Property: for any epoch call with one bad detail (an id out of range in any window, a
